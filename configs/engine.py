@@ -1,0 +1,41 @@
+"""Engine configuration: which model, how much memory, how to batch."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineConfig(BaseModel):
+    """Settings of one engine instance (one replica; all TP ranks share it)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = Field(
+        "smollm2-135m-instruct",
+        description="Model id from the built-in registry, an HF checkpoint folder (safetensors), or a .gguf file.",
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer path if not next to the weights.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = float32 on CPU, bfloat16 on GPU."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available.")
+    max_model_len: int = Field(2048, gt=0, description="Max prompt + output tokens per sequence.")
+    max_num_seqs: int = Field(64, gt=0, le=1024, description="Max sequences in one batch.")
+    max_num_batched_tokens: int = Field(
+        2048, gt=0, description="Token budget per engine step (prefill chunks + decode tokens)."
+    )
+    kv_block_size: int = Field(16, gt=0, description="Tokens per KV-cache block (paged attention).")
+    num_kv_blocks: int | None = Field(None, gt=0, description="Override the number of KV blocks.")
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="Fraction of GPU memory to use.")
+    cpu_kv_cache_gib: float = Field(1.0, gt=0.0, description="KV-cache size on CPU, GiB.")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks.")
+    enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
+    cuda_graph_batch_sizes: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64],
+        description="Decode batch sizes captured as CUDA graphs.",
+    )
+    seed: int = Field(0, description="Global seed for requests without their own.")
+    trust_remote_code: bool = Field(False, description="Never run model code from checkpoints unless set.")
+    enable_chunked_prefill: bool = Field(True, description="Split long prompts over several steps.")

@@ -1,0 +1,40 @@
+"""Executors run one step's ``ModelInput`` on every TP rank and return rank 0's ``ModelOutput``.
+
+The engine only sees this interface, so it never imports Ray: ``LocalExecutor`` runs in-process (TP=1);
+the Ray executor in ``actors/`` drives one worker actor per rank.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from flexspec.engine.model_input import ModelInput, ModelOutput
+
+
+class Executor(Protocol):
+    num_kv_blocks: int
+    model_dir: str
+
+    def execute(self, inp: ModelInput) -> ModelOutput: ...
+
+    def shutdown(self) -> None: ...
+
+
+class LocalExecutor:
+    """TP=1 in the calling process."""
+
+    def __init__(self, config) -> None:  # noqa: ANN001 - EngineConfig
+        from flexspec.engine.model_runner import ModelRunner
+
+        self.runner = ModelRunner(config)
+        self.num_kv_blocks = self.runner.allocate_kv_cache()
+        self.model_dir = str(self.runner.model_dir)
+        self.spec = self.runner.spec
+
+    def execute(self, inp: ModelInput) -> ModelOutput:
+        out = self.runner.execute(inp)
+        assert out is not None  # rank 0 always answers
+        return out
+
+    def shutdown(self) -> None:
+        pass

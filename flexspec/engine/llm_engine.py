@@ -1,0 +1,243 @@
+"""LLMEngine: requests in, token/text deltas out. Owns the tokenizer, scheduler and executor."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from configs.engine import EngineConfig
+from configs.sampling import SamplingParams
+from flexspec.engine.block_manager import BlockManager
+from flexspec.engine.detokenizer import IncrementalDetokenizer, find_stop
+from flexspec.engine.executor import Executor, LocalExecutor
+from flexspec.engine.model_input import ModelInput
+from flexspec.engine.outputs import RequestOutput
+from flexspec.engine.scheduler import Scheduler, SchedulerOutput
+from flexspec.engine.sequence import Sequence, TokenLogprob
+from flexspec.errors import ContextLengthExceededError, InvalidRequestError
+from flexspec.models.spec import ModelSpec
+
+
+@dataclass
+class EngineStats:
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_steps: int = 0
+    num_preemptions: int = 0
+
+
+class LLMEngine:
+    """Continuous-batching generation engine.
+
+    Usage: ``add_request`` any number of requests, then call ``step`` until ``has_unfinished`` is False;
+    each step returns one ``RequestOutput`` per request that produced tokens or finished.
+    """
+
+    def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.executor = executor or LocalExecutor(config)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or self.executor.model_dir)
+        self.spec: ModelSpec = self.executor.spec
+        self.eos_token_ids = set(self.spec.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.block_manager = BlockManager(self.executor.num_kv_blocks, config.kv_block_size)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.seqs: dict[str, Sequence] = {}
+        self.detok: dict[str, IncrementalDetokenizer] = {}
+        self.stats = EngineStats()
+        self._rng = random.Random(config.seed)
+        self._ids = itertools.count()
+
+    # ---- requests -----------------------------------------------------------------------------------------
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Render OpenAI-style messages with the model's chat template; returns prompt token ids."""
+        if not messages:
+            raise InvalidRequestError("messages must not be empty", param="messages")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequestError(f"model {self.config.model!r} has no chat template", param="messages")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt)
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request. ``prompt`` is text (tokenized with special tokens) or token ids.
+
+        Raises:
+            InvalidRequestError: empty prompt, token ids out of vocabulary, duplicate request id.
+            ContextLengthExceededError: the prompt leaves no room for one output token.
+        """
+        params = params or SamplingParams()
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids or (isinstance(prompt, str) and not prompt):
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        if any(not 0 <= t < self.spec.vocab_size for t in ids):
+            raise InvalidRequestError("prompt token ids out of vocabulary range", param="prompt")
+        if len(ids) >= self.config.max_model_len:
+            raise ContextLengthExceededError(
+                f"prompt has {len(ids)} tokens; max_model_len is {self.config.max_model_len} "
+                "(prompt + at least one output token must fit)",
+                param="prompt",
+            )
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.seqs:
+            raise InvalidRequestError(f"duplicate request id {request_id!r}")
+        seq = Sequence(request_id, ids, params, seed=self._rng.getrandbits(62))
+        self.seqs[request_id] = seq
+        self.detok[request_id] = IncrementalDetokenizer(self.tokenizer, ids)
+        self.scheduler.add(seq)
+        self.stats.num_prompt_tokens += len(ids)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV blocks (no-op if unknown or finished)."""
+        seq = self.seqs.pop(request_id, None)
+        self.detok.pop(request_id, None)
+        if seq is not None:
+            self.scheduler.finish(seq, "abort")
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    # ---- one step -----------------------------------------------------------------------------------------
+    def build_model_input(self, sched: SchedulerOutput) -> ModelInput:
+        bs = self.config.kv_block_size
+        inp = ModelInput([], [], [], [], [], [], [])
+        num_logprobs: int | None = None
+        for s in sched.scheduled:
+            seq = s.seq
+            start = seq.num_computed_tokens
+            first_row = len(inp.input_ids)
+            inp.input_ids.extend(s.token_ids)
+            for pos in range(start, start + s.num_new_tokens):
+                inp.positions.append(pos)
+                inp.slot_mapping.append(seq.block_table[pos // bs] * bs + pos % bs)
+            inp.block_tables.append(seq.block_table)
+            inp.context_lens.append(start)
+            inp.query_lens.append(s.num_new_tokens)
+            if s.samples:
+                p = seq.params
+                for j in range(s.num_draft_tokens + 1):
+                    inp.logits_indices.append(first_row + s.num_new_tokens - 1 - s.num_draft_tokens + j)
+                    inp.sampling_rows.append((p.temperature, p.top_p, p.top_k, seq.seed, seq.num_output_tokens + j))
+                if p.logprobs is not None:
+                    num_logprobs = max(num_logprobs or 0, p.logprobs)
+        inp.num_logprobs = num_logprobs
+        return inp
+
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        self.stats.num_preemptions += len(sched.preempted)
+        if not sched.scheduled:
+            if self.scheduler.waiting and not self.scheduler.running:
+                seq = self.scheduler.waiting[0]  # cannot fit even alone: fail it rather than spin
+                self.scheduler.finish(seq, "abort")
+                return [self._output(seq, [], "", [])]
+            return []
+        inp = self.build_model_input(sched)
+        out = self.executor.execute(inp)
+        self.stats.num_steps += 1
+        outputs: list[RequestOutput] = []
+        row = 0
+        for s in sched.scheduled:
+            seq = s.seq
+            samples = s.samples
+            seq.num_computed_tokens += s.num_new_tokens
+            if not samples:
+                continue
+            tok = out.token_ids[row]
+            lp = None
+            if out.logprobs is not None and seq.params.logprobs is not None:
+                top = out.top_logprobs[row][: seq.params.logprobs] if out.top_logprobs else []
+                lp = [TokenLogprob(tok, out.logprobs[row], top)]
+            row += 1
+            outputs.append(self.append_tokens(seq, [tok], lp))
+        return outputs
+
+    def append_tokens(
+        self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None = None
+    ) -> RequestOutput:
+        """Append sampled/accepted tokens one by one, stopping exactly at EOS, a stop token, a stop string,
+        ``max_tokens`` or ``max_model_len``; tokens after the stop point are dropped."""
+        p = seq.params
+        detok = self.detok[seq.request_id]
+        new_ids: list[int] = []
+        new_lps: list[TokenLogprob] = []
+        reason: str | None = None
+        for i, tok in enumerate(tokens):
+            seq.token_ids.append(tok)
+            new_ids.append(tok)
+            if logprobs is not None:
+                new_lps.append(logprobs[i])
+                seq.logprobs.append(logprobs[i])
+            delta = detok.add(tok)
+            if tok in self.eos_token_ids and not p.ignore_eos:
+                reason = "stop"
+            elif tok in p.stop_token_ids:
+                reason, seq.stop_reason = "stop", tok
+            else:
+                cut = find_stop(detok.text, len(delta), p.stop)
+                if cut is not None:
+                    seq.stop_reason = min((s for s in p.stop if detok.text.startswith(s, cut)), key=len)
+                    detok.text = detok.text[:cut]
+                    reason = "stop"
+            if reason is None and (seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len):
+                reason = "length"
+            if reason is not None:
+                break
+        self.stats.num_generation_tokens += len(new_ids)
+        seq.output_text = detok.text
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self.seqs.pop(seq.request_id, None)
+            self.detok.pop(seq.request_id, None)
+        # Stream only text that can no longer become the start of a stop string.
+        hold = 0 if seq.is_finished else max((len(s) - 1 for s in p.stop), default=0)
+        end = max(seq.num_text_sent, len(seq.output_text) - hold)
+        new_text = seq.output_text[seq.num_text_sent : end]
+        seq.num_text_sent = end
+        return self._output(seq, new_ids, new_text, new_lps)
+
+    def _output(self, seq: Sequence, new_ids: list[int], new_text: str, lps: list[TokenLogprob]) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            token_ids=seq.output_token_ids,
+            text=seq.output_text,
+            new_token_ids=new_ids,
+            new_text=new_text,
+            new_logprobs=lps,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+
+    # ---- offline convenience ------------------------------------------------------------------------------
+    def generate(
+        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run prompts to completion as one continuous batch; outputs in prompt order."""
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        final: dict[str, RequestOutput] = {}
+        while self.has_unfinished:
+            for o in self.step():
+                if o.finished:
+                    final[o.request_id] = o
+        return [final[i] for i in ids]
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

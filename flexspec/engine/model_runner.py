@@ -1,0 +1,175 @@
+"""Loads one TP shard of the model, owns its KV cache, and runs batches (eager or CUDA graph)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from configs.engine import EngineConfig
+from flexspec.distributed import TPGroup
+from flexspec.engine.cuda_graphs import DecodeGraphs
+from flexspec.engine.model_input import ModelInput, ModelOutput
+from flexspec.engine.sampler import SamplingMetadata, compute_logprobs, sample
+from flexspec.layers.attention import Attention, AttentionMetadata
+from flexspec.layers.rotary import RotaryEmbedding
+from flexspec.models.loader import load_config, load_weights, resolve_model_dir
+from flexspec.models.registry import build_model
+from flexspec.models.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(config: EngineConfig) -> torch.device:
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but no CUDA/ROCm device is visible")
+    return torch.device(config.device)
+
+
+def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    if config.dtype == "auto":
+        # bf16 GEMMs are ~300x slower than fp32 on the AVX2 CPUs we run on.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[config.dtype]
+
+
+class ModelRunner:
+    """One rank's model shard + KV cache.
+
+    Args:
+        config: engine settings (model, memory, batching).
+        tp: this process's tensor-parallel group (``TPGroup()`` for a single process).
+        extra_kv_bytes: bytes reserved outside the KV cache (e.g. a drafter's weights and buffers).
+    """
+
+    def __init__(self, config: EngineConfig, tp: TPGroup | None = None, device: torch.device | None = None) -> None:
+        self.config = config
+        self.tp = tp or TPGroup()
+        self.device = device or resolve_device(config)
+        self.dtype = resolve_dtype(config, self.device)
+        t0 = time.perf_counter()
+        self.model_dir = resolve_model_dir(config.model)
+        self.hf_config = load_config(self.model_dir)
+        self.spec = ModelSpec.from_hf(self.hf_config)
+        if config.max_model_len > self.spec.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds the model's max_position_embeddings "
+                f"{self.spec.max_position_embeddings}"
+            )
+        self.model = build_model(self.spec, self.tp)
+        load_weights(self.model, self.model_dir)
+        self.model.to(device=self.device, dtype=self.dtype)
+        for m in self.model.modules():  # RoPE tables stay fp32 whatever the weight dtype
+            if isinstance(m, RotaryEmbedding):
+                m.cos, m.sin = m.cos.float(), m.sin.float()
+        self.model.eval()
+        self.load_seconds = time.perf_counter() - t0
+        self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.block_size = config.kv_block_size
+        self.max_blocks_per_seq = -(-config.max_model_len // self.block_size)
+        self.num_kv_blocks = 0
+        self.graphs: DecodeGraphs | None = None
+
+    # ---- memory -------------------------------------------------------------------------------------------
+    def kv_bytes_per_block(self) -> int:
+        per_layer = sum(2 * self.block_size * a.num_kv_heads * a.head_dim for a in self.attn_layers)
+        return per_layer * torch.finfo(self.dtype).bits // 8
+
+    def allocate_kv_cache(self, reserved_bytes: int = 0) -> int:
+        """Size the KV cache from the memory budget and bind it to every attention layer. Returns blocks."""
+        cfg = self.config
+        per_block = self.kv_bytes_per_block()
+        if cfg.num_kv_blocks is not None:
+            num_blocks = cfg.num_kv_blocks
+        elif self.device.type == "cuda":
+            self._profile_peak()
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            budget = total * cfg.gpu_memory_utilization - used - reserved_bytes
+            num_blocks = int(budget // per_block)
+        else:
+            num_blocks = int((cfg.cpu_kv_cache_gib * 2**30 - reserved_bytes) // per_block)
+        # Never more than the batch can use, and at least one full-length sequence.
+        num_blocks = min(num_blocks, cfg.max_num_seqs * self.max_blocks_per_seq + 1)
+        if num_blocks < self.max_blocks_per_seq:
+            raise ValueError(
+                f"KV cache of {num_blocks} blocks cannot hold one sequence of max_model_len "
+                f"{cfg.max_model_len}; lower max_model_len or raise the memory budget"
+            )
+        shape_of = lambda a: (num_blocks, self.block_size, a.num_kv_heads, a.head_dim)  # noqa: E731
+        for a in self.attn_layers:
+            a.k_cache = torch.zeros(shape_of(a), dtype=self.dtype, device=self.device)
+            a.v_cache = torch.zeros(shape_of(a), dtype=self.dtype, device=self.device)
+        self.num_kv_blocks = num_blocks
+        if self.device.type == "cuda" and not cfg.enforce_eager:
+            self.graphs = DecodeGraphs(self, cfg.cuda_graph_batch_sizes)
+        return num_blocks
+
+    @torch.inference_mode()
+    def _profile_peak(self) -> None:
+        """Run a max-size prefill once so activation memory is counted before the KV cache takes the rest."""
+        n = min(self.config.max_num_batched_tokens, self.config.max_model_len)
+        inp = ModelInput(
+            input_ids=[0] * n,
+            positions=list(range(n)),
+            slot_mapping=[-1] * n,
+            block_tables=[[]],
+            context_lens=[0],
+            query_lens=[n],
+            logits_indices=list(range(min(n, self.config.max_num_seqs))),
+        )
+        self.forward(inp)
+        torch.cuda.synchronize(self.device)
+
+    # ---- execution ----------------------------------------------------------------------------------------
+    def build_metadata(self, inp: ModelInput) -> tuple[torch.Tensor, AttentionMetadata]:
+        dev = self.device
+
+        def t(x: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)
+
+        width = max((len(b) for b in inp.block_tables), default=0) or 1
+        tables = [b + [0] * (width - len(b)) for b in inp.block_tables]
+        qsl = [0]
+        for q in inp.query_lens:
+            qsl.append(qsl[-1] + q)
+        meta = AttentionMetadata(
+            positions=t(inp.positions, torch.int64),
+            slot_mapping=t(inp.slot_mapping, torch.int64),
+            block_tables=t(tables, torch.int32),
+            context_lens=t(inp.context_lens, torch.int32),
+            query_start_loc=t(qsl, torch.int32),
+            max_query_len=max(inp.query_lens, default=1),
+            logits_indices=t(inp.logits_indices, torch.int64),
+        )
+        return t(inp.input_ids, torch.int64), meta
+
+    @torch.inference_mode()
+    def forward(self, inp: ModelInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Run the model; returns (logits [N, V] fp32 for ``logits_indices``, captured hidden [T, H] each)."""
+        if self.graphs is not None and not inp.capture_layers and self.graphs.can_run(inp):
+            return self.graphs.run(inp), []
+        input_ids, meta = self.build_metadata(inp)
+        hidden, captured = self.model(input_ids, meta, capture_layers=inp.capture_layers)
+        logits = self.model.compute_logits(hidden[meta.logits_indices])
+        return logits, captured
+
+    @torch.inference_mode()
+    def execute(self, inp: ModelInput) -> ModelOutput | None:
+        """Forward + sampling. Every rank runs the forward; rank 0 samples and returns the tokens."""
+        logits, _ = self.forward(inp)
+        if not self.tp.is_first:
+            return None
+        meta = SamplingMetadata.build(inp.sampling_rows, self.device, inp.num_logprobs)
+        tokens = sample(logits, meta)
+        out = ModelOutput(token_ids=tokens.tolist())
+        if inp.num_logprobs is not None:
+            chosen, top_vals, top_ids = compute_logprobs(logits, tokens, inp.num_logprobs)
+            out.logprobs = chosen.tolist()
+            out.top_logprobs = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
+        return out

@@ -1,0 +1,126 @@
+"""Token sampling: temperature, top-k, top-p, per-request seeds, logprobs.
+
+Sampling uses the exponential race (argmax of p_i / E_i with E_i ~ Exp(1) draws token i with probability
+p_i), so one kernel-friendly argmax replaces ``torch.multinomial`` and never syncs with the host. Noise for a
+seeded row is drawn from a generator seeded by (request seed, output position): stateless, reproducible
+across preemption, batching and processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_SEED_STRIDE = 1_000_003
+
+
+@dataclass
+class SamplingMetadata:
+    """Per logits row. N rows."""
+
+    temperature: torch.Tensor  # [N] float32; 0 = greedy
+    top_p: torch.Tensor  # [N] float32
+    top_k: torch.Tensor  # [N] int64; <= 0 = disabled
+    seeds: list[int]  # [N] request seed per row
+    offsets: list[int]  # [N] output position per row (noise stream index)
+    all_greedy: bool
+    any_greedy: bool
+    need_top_k: bool
+    need_top_p: bool
+    max_num_logprobs: int | None = None  # None = no logprobs requested by any row
+
+    @classmethod
+    def build(
+        cls,
+        rows: list[tuple[float, float, int, int, int]],  # (temperature, top_p, top_k, seed, offset)
+        device: torch.device,
+        max_num_logprobs: int | None = None,
+    ) -> "SamplingMetadata":
+        temps = [r[0] for r in rows]
+        return cls(
+            temperature=torch.tensor(temps, dtype=torch.float32).to(device, non_blocking=True),
+            top_p=torch.tensor([r[1] for r in rows], dtype=torch.float32).to(device, non_blocking=True),
+            top_k=torch.tensor([r[2] for r in rows], dtype=torch.int64).to(device, non_blocking=True),
+            seeds=[r[3] for r in rows],
+            offsets=[r[4] for r in rows],
+            all_greedy=all(t == 0.0 for t in temps),
+            any_greedy=any(t == 0.0 for t in temps),
+            need_top_k=any(r[2] > 0 for r in rows),
+            need_top_p=any(r[1] < 1.0 for r in rows),
+            max_num_logprobs=max_num_logprobs,
+        )
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, need_k: bool = True, need_p: bool = True
+) -> torch.Tensor:
+    """Mask logits [N, V] outside each row's top-k / top-p (nucleus, Holtzman et al. 1904.09751) to -inf.
+
+    ``need_k`` / ``need_p`` (host flags) skip the sort when no row uses them.
+    """
+    if not (need_k or need_p):
+        return logits
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
+    V = logits.shape[-1]
+    remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if need_k:
+        k = torch.where(top_k > 0, top_k.clamp(max=V), V)  # [N]
+        ranks = torch.arange(V, device=logits.device).unsqueeze(0)
+        remove |= ranks >= k.unsqueeze(1)
+    if need_p:
+        probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
+        cum = probs.cumsum(dim=-1)
+        # Remove a token if the mass before it already reaches top_p (the top token always stays).
+        remove |= (cum - probs) >= top_p.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
+
+
+def target_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """The distribution a row samples from: softmax(top_k_top_p(logits / T)), [N, V] float32.
+
+    Greedy rows (T = 0) get a one-hot at their argmax.
+    """
+    temp = torch.where(meta.temperature > 0, meta.temperature, 1.0).unsqueeze(1)
+    probs = apply_top_k_top_p(
+        logits.float() / temp, meta.top_k, meta.top_p, meta.need_top_k, meta.need_top_p
+    ).softmax(dim=-1)
+    if not meta.all_greedy and meta.any_greedy:
+        greedy = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(probs.dtype)
+        probs = torch.where((meta.temperature == 0).unsqueeze(1), greedy, probs)
+    elif meta.all_greedy:
+        probs = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(probs.dtype)
+    return probs
+
+
+def exponential_noise(shape: tuple[int, int], meta: SamplingMetadata, device: torch.device) -> torch.Tensor:
+    """Exp(1) noise [N, V]; row i comes from a generator seeded by (seeds[i], offsets[i])."""
+    noise = torch.empty(shape, dtype=torch.float32, device=device)
+    for i, (seed, offset) in enumerate(zip(meta.seeds, meta.offsets)):
+        gen = torch.Generator(device=device).manual_seed((seed * _SEED_STRIDE + offset) & 0x7FFF_FFFF_FFFF_FFFF)
+        noise[i].exponential_(generator=gen)
+    return noise
+
+
+def sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """logits [N, V] -> token ids [N] int64. Greedy rows take argmax; others sample from ``target_probs``."""
+    if meta.all_greedy:
+        return logits.argmax(dim=-1)
+    probs = target_probs(logits, meta)
+    noise = exponential_noise(tuple(probs.shape), meta, logits.device)
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(meta.temperature == 0, logits.argmax(dim=-1), sampled)
+
+
+def compute_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, num_top: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probabilities of the model's raw distribution (vLLM's default ``raw_logprobs`` semantics).
+
+    Returns (chosen logprob [N], top logprobs [N, num_top], top token ids [N, num_top]).
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    top_vals, top_ids = logp.topk(num_top, dim=-1) if num_top > 0 else (logp[:, :0], token_ids[:, None][:, :0])
+    return chosen, top_vals, top_ids

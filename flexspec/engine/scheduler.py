@@ -1,0 +1,126 @@
+"""Continuous batching with chunked prefill, mixed prefill + decode steps, and preemption by recompute.
+
+Every running sequence is described by ``num_computed_tokens``: each step the scheduler grants it the next
+``n`` tokens to compute (1 + draft tokens while decoding, a chunk of the prompt while prefilling), within a
+per-step token budget, and grows its KV blocks to match. When blocks run out, the most recently admitted
+sequence is preempted (its blocks freed, its tokens recomputed later), as in vLLM's recompute policy.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from configs.engine import EngineConfig
+from flexspec.engine.block_manager import BlockManager
+from flexspec.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSequence:
+    seq: Sequence
+    num_new_tokens: int  # tokens computed this step, draft tokens included
+    num_draft_tokens: int  # trailing draft tokens among them (verified this step)
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the sequence, so the step emits tokens for it."""
+        s = self.seq
+        return s.num_computed_tokens + self.num_new_tokens == len(s.token_ids) + self.num_draft_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        s = self.seq
+        start = s.num_computed_tokens
+        return (s.token_ids + s.draft_token_ids[: self.num_draft_tokens])[start : start + self.num_new_tokens]
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence]
+    preempted: list[Sequence]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return all(s.num_new_tokens == 1 and s.samples for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        max_len = self.config.max_model_len
+        scheduled: list[ScheduledSequence] = []
+        preempted: list[Sequence] = []
+        bm = self.block_manager
+
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING or budget == 0:
+                continue
+            uncomputed = seq.num_uncomputed_tokens
+            # Draft tokens must fit the budget and max_model_len; otherwise verify fewer of them.
+            room = min(budget, max_len - seq.num_computed_tokens)
+            drafts = max(0, min(len(seq.draft_token_ids), room - uncomputed))
+            n = min(uncomputed + drafts, room)
+            while not bm.can_allocate(seq, seq.num_computed_tokens + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            bm.allocate(seq, seq.num_computed_tokens + n)
+            scheduled.append(ScheduledSequence(seq, n, drafts))
+            budget -= n
+
+        while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_uncomputed_tokens, budget)
+            if n < seq.num_uncomputed_tokens and not self.config.enable_chunked_prefill:
+                break
+            if not bm.can_allocate(seq, seq.num_computed_tokens + n):
+                break
+            self.waiting.popleft()
+            bm.allocate(seq, seq.num_computed_tokens + n)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSequence(seq, n, 0))
+            budget -= n
+        return SchedulerOutput(scheduled, preempted)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.draft_token_ids = []
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark ``seq`` finished (or aborted) and free its KV blocks."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

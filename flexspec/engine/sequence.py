@@ -1,0 +1,76 @@
+"""A sequence's tokens, KV-cache blocks and progress through the engine."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from configs.sampling import SamplingParams
+
+_seq_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
+
+
+class Sequence:
+    """One generation stream: prompt tokens, output tokens and the KV blocks holding their keys/values.
+
+    ``num_computed_tokens`` counts tokens whose K/V are in the cache; the scheduler asks the runner to
+    compute the next chunk ``token_ids[num_computed_tokens : num_computed_tokens + n]``.
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int) -> None:
+        self.seq_id = next(_seq_ids)
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.status = SequenceStatus.WAITING
+        self.params = params
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.logprobs: list[TokenLogprob] = []
+        self.output_text = ""
+        self.num_text_sent = 0  # chars of output_text already streamed
+        self.num_preemptions = 0
+        # Sampling noise is derived from (seed, output position): stateless, so it survives preemption and
+        # is identical on whichever process samples. Unseeded requests get a seed from the engine.
+        self.seed = params.seed if params.seed is not None else seed
+        # Speculative decoding: draft tokens proposed for the next step (not yet verified).
+        self.draft_token_ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens

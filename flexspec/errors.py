@@ -1,0 +1,38 @@
+"""Typed errors users can act on; the HTTP layer maps each to an OpenAI-shaped error and status code."""
+
+from __future__ import annotations
+
+
+class FlexspecError(Exception):
+    """Base class. ``status`` is the HTTP status, ``code`` the OpenAI error code, ``param`` the field."""
+
+    status: int = 500
+    type: str = "internal_error"
+    code: str | None = None
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequestError(FlexspecError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceededError(InvalidRequestError):
+    code = "context_length_exceeded"
+
+
+class ModelNotFoundError(FlexspecError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class ModelLoadError(FlexspecError):
+    """Weights or config could not be loaded (missing, corrupt, unsafe format, wrong shapes)."""
+
+    status = 500
+    type = "model_load_error"

@@ -1,0 +1,52 @@
+"""Rotary position embedding (Su et al., arXiv 2104.09864), neox (rotate-half) layout as in HF Llama."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _inv_freq(head_dim: int, theta: float, rope: dict | None) -> torch.Tensor:
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    rope_type = (rope or {}).get("rope_type", "default")
+    if rope_type in ("default", None):
+        return inv
+    if rope_type == "linear":
+        return inv / float(rope["factor"])
+    if rope_type == "llama3":  # Llama 3.1 frequency-dependent scaling
+        factor = float(rope["factor"])
+        low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+        old_len = float(rope["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+        return torch.where(is_mid, mid, scaled)
+    raise ValueError(f"unsupported rope_type {rope_type!r} (supported: default, linear, llama3)")
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to q [T, Hq, D] and k [T, Hkv, D] at integer ``positions`` [T]."""
+
+    def __init__(self, head_dim: int, max_position: int, theta: float, rope: dict | None = None) -> None:
+        super().__init__()
+        inv = _inv_freq(head_dim, theta, rope)
+        t = torch.arange(max_position, dtype=torch.float64)
+        freqs = torch.outer(t, inv)  # [max_position, D/2]
+        self.register_buffer("cos", freqs.cos().float(), persistent=False)
+        self.register_buffer("sin", freqs.sin().float(), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)

@@ -1,0 +1,145 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norms)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flexspec.distributed import TPGroup
+from flexspec.layers.activation import SiluAndMul
+from flexspec.layers.attention import Attention, AttentionMetadata
+from flexspec.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from flexspec.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from flexspec.layers.norm import RMSNorm
+from flexspec.layers.rotary import RotaryEmbedding
+from flexspec.models.spec import ModelSpec
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        tp: TPGroup,
+        rotary: RotaryEmbedding,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+        norm_offset: bool = False,
+    ) -> None:
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(
+            spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.attention_bias, tp
+        )
+        self.num_heads = self.qkv_proj.num_local_heads
+        self.num_kv_heads = self.qkv_proj.num_local_kv_heads
+        self.head_dim = spec.head_dim
+        self.o_proj = RowParallelLinear(
+            spec.num_heads * spec.head_dim, spec.hidden_size, False, tp, in_range=self.qkv_proj.q_range
+        )
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps, norm_offset) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps, norm_offset) if spec.qk_norm else None
+        self.rotary = rotary
+        self.attn = Attention(
+            self.num_heads,
+            self.num_kv_heads,
+            spec.head_dim,
+            scale if scale is not None else spec.head_dim**-0.5,
+            sliding_window=sliding_window,
+            logits_soft_cap=spec.attn_logit_softcapping,
+        )
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(
+            [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
+            dim=-1,
+        )
+        q = q.view(T, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(meta.positions, q, k)
+        o = self.attn(q, k, v, meta)  # [T, Hq, D]
+        return self.o_proj(o.reshape(T, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, spec: ModelSpec, tp: TPGroup, act: nn.Module | None = None) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            spec.hidden_size, [spec.intermediate_size] * 2, False, tp
+        )
+        self.down_proj = RowParallelLinear(spec.intermediate_size, spec.hidden_size, False, tp)
+        self.act = act if act is not None else SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, tp: TPGroup, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(spec, tp, rotary)
+        self.mlp = LlamaMLP(spec, tp)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm.forward_residual(x, residual)
+        x = self.self_attn(x, meta)
+        x, residual = self.post_attention_layernorm.forward_residual(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder-only LM. ``forward`` returns final hidden states [T, H] and the captured layer outputs."""
+
+    # checkpoint name fragment -> (our fused parameter fragment, shard id)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, spec: ModelSpec, tp: TPGroup) -> None:
+        super().__init__()
+        self.spec = spec
+        self.tp = tp
+        rotary = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings, spec.rope_theta, spec.rope_scaling)
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, tp)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, tp, rotary) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, tp)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        meta: AttentionMetadata,
+        capture_layers: tuple[int, ...] = (),
+        inputs_embeds: torch.Tensor | None = None,  # [T, H] overrides the embedding lookup
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Returns (final-norm hidden states [T, H], outputs of ``capture_layers`` [T, H] each)."""
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        residual = None
+        captured: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(x, residual, meta)
+            if i in capture_layers:
+                captured.append(x + residual)
+        x, _ = self.norm.forward_residual(x, residual)
+        return x, captured
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
+        return self.lm_head(hidden).float()

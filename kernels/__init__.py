@@ -1,0 +1,31 @@
+"""Triton kernels with plain-torch references; imports only torch and triton.
+
+Each op ``<op>`` dispatches on ``backend``: ``"auto"`` runs ``<op>_triton`` for CUDA tensors and
+``<op>_ref`` otherwise; ``"triton"`` / ``"torch"`` force one. On CPU the Triton path runs only under
+the interpreter (``TRITON_INTERPRET=1`` set before ``triton`` is imported).
+"""
+
+from .attention import pack_masks, paged_attention, paged_attention_ref, paged_attention_triton
+from .kv_cache import store_kv_cache, store_kv_cache_ref, store_kv_cache_triton
+from .rejection import (
+    PLACEHOLDER_TOKEN_ID,
+    num_emitted,
+    rejection_sample,
+    rejection_sample_ref,
+    rejection_sample_triton,
+)
+
+__all__ = [
+    "PLACEHOLDER_TOKEN_ID",
+    "num_emitted",
+    "pack_masks",
+    "paged_attention",
+    "paged_attention_ref",
+    "paged_attention_triton",
+    "rejection_sample",
+    "rejection_sample_ref",
+    "rejection_sample_triton",
+    "store_kv_cache",
+    "store_kv_cache_ref",
+    "store_kv_cache_triton",
+]

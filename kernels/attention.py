@@ -1,0 +1,555 @@
+"""Varlen paged attention with custom masks over the new tokens.
+
+One kernel serves prefill, chunked prefill, decode, speculative verification and FlexDraft
+mask-token groups. For sequence ``s`` with ``ctx = context_lens[s]`` cached tokens and ``n_s`` new
+tokens, each new (query) token sees
+
+* every cached token (positions ``0 .. ctx-1``, read from the paged cache via ``block_tables``), and
+* the new tokens allowed by the custom mask (or causally, by index, when ``mask is None``),
+  read straight from ``k``/``v`` (the cache need not hold them yet),
+
+both subject to the sliding window ``q_pos - k_pos < sliding_window``. A query that sees no key
+returns zeros.
+
+The Triton kernel is FlashAttention-2 style (Dao, arXiv 2307.08691: online softmax, fp32
+accumulators); its grid and GQA packing follow vLLM's ``unified_attention``
+(vllm/attention/ops/triton_unified_attention.py): one program per (query tile, KV head), where a
+tile holds ``BLOCK_Q`` query tokens times the ``Hq / Hkv`` query heads sharing that KV head, and the
+program finds its sequence by binary search over ``query_start_loc``. The grid size is a function of
+tensor shapes only (``T // BLOCK_Q + S``), never of tensor values, so launches can be captured in
+CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import Backend, use_triton
+
+# ---------------------------------------------------------------------------------------------
+# Triton
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
+    """Largest ``s`` with ``query_start_loc[s] // BLOCK_Q + s <= q_block_idx`` (binary search)."""
+    left: tl.int32 = 0
+    right = num_seqs
+    while left < right:
+        mid = (left + right) // 2
+        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_block <= q_block_idx:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+@triton.jit
+def _online_softmax_step(
+    scores,  # [BLOCK_M, BLOCK_N] fp32, already scaled (log2 domain), -inf where masked
+    v,  # [BLOCK_N, HEAD_DIM]
+    m_i,  # [BLOCK_M] running max (log2 domain)
+    l_i,  # [BLOCK_M] running sum of exp2
+    acc,  # [BLOCK_M, HEAD_DIM] fp32
+):
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    # Rows that have seen no visible key keep m = -inf; subtract 0 there to avoid inf - inf.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(scores - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _scale_scores(qk, scale, soft_cap, USE_SOFT_CAP: tl.constexpr):
+    """``qk * scale``, optionally ``cap * tanh(. / cap)``, converted to the log2 domain."""
+    s = qk * scale
+    if USE_SOFT_CAP:
+        # tanh(x) = 1 - 2 / (exp(2x) + 1): portable (no libdevice), saturates cleanly at +-1.
+        s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0))
+    return s * 1.4426950408889634
+
+
+@triton.jit(do_not_specialize=["num_seqs", "scale", "sliding_window", "soft_cap"])
+def _paged_attention_kernel(
+    out_ptr,  # [T, Hq, D]
+    q_ptr,  # [T, Hq, D]
+    k_ptr,  # [T, Hkv, D]
+    v_ptr,  # [T, Hkv, D]
+    k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
+    v_cache_ptr,  # [num_blocks, block_size, Hkv, D]
+    block_tables_ptr,  # [S, max_blocks_per_seq] int32
+    context_lens_ptr,  # [S] int32
+    query_start_loc_ptr,  # [S + 1] int32
+    positions_ptr,  # [T] int64
+    mask_ptr,  # [sum_s n_s * n_s] uint8 (unused unless HAS_MASK)
+    mask_start_loc_ptr,  # [S + 1] int64 (unused unless HAS_MASK)
+    scale,  # float
+    sliding_window,  # int (unused unless USE_SLIDING_WINDOW)
+    soft_cap,  # float (unused unless USE_SOFT_CAP)
+    num_seqs,
+    q_stride_t,
+    q_stride_h,
+    k_stride_t,
+    k_stride_h,
+    v_stride_t,
+    v_stride_h,
+    o_stride_t,
+    o_stride_h,
+    cache_stride_b,
+    cache_stride_s,
+    cache_stride_h,
+    block_tables_stride,
+    CACHE_BLOCK_SIZE: tl.constexpr,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows per program = BLOCK_Q tokens x NUM_QUERIES_PER_KV heads (padded)
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    USE_SLIDING_WINDOW: tl.constexpr,
+    USE_SOFT_CAP: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,  # dot in fp32: works around the interpreter's bf16 tl.dot
+):
+    q_block_idx = tl.program_id(0)
+    kv_head = tl.program_id(1)
+
+    seq = _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block_local = q_block_idx - (q_start // BLOCK_Q + seq)
+    if q_block_local * BLOCK_Q >= q_len:
+        return
+
+    # Row r of the tile is query token r // G of this block, query head kv_head * G + r % G.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_local = q_block_local * BLOCK_Q + offs_m // NUM_QUERIES_PER_KV  # [BLOCK_M] index in seq
+    q_head = kv_head * NUM_QUERIES_PER_KV + offs_m % NUM_QUERIES_PER_KV  # [BLOCK_M]
+    row_valid = (offs_m < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_local < q_len)  # [BLOCK_M]
+    q_tok = (q_start + q_local).to(tl.int64)  # [BLOCK_M]
+
+    q = tl.load(
+        q_ptr + q_tok[:, None] * q_stride_t + q_head[:, None] * q_stride_h + offs_d[None, :],
+        mask=row_valid[:, None],
+        other=0.0,
+    )  # [BLOCK_M, HEAD_DIM]
+    q_pos = tl.load(positions_ptr + q_tok, mask=row_valid, other=0)  # [BLOCK_M] int64
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    # ---- 1. cached context: positions 0 .. ctx_len-1, gathered through the block table ----
+    ctx_len = tl.load(context_lens_ptr + seq)
+    ctx_start = 0
+    if USE_SLIDING_WINDOW:
+        # Keys below the tile's smallest query position - window + 1 are invisible to every row.
+        min_q_pos = tl.min(tl.where(row_valid, q_pos, 1 << 62))
+        first_visible = tl.maximum(min_q_pos - sliding_window + 1, 0)
+        ctx_start = (tl.minimum(first_visible, ctx_len) // BLOCK_N * BLOCK_N).to(tl.int32)
+    block_table_row = block_tables_ptr + seq.to(tl.int64) * block_tables_stride
+    for kv_start in range(ctx_start, ctx_len, BLOCK_N):
+        offs_n = kv_start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+        kv_valid = offs_n < ctx_len
+        block_ids = tl.load(
+            block_table_row + offs_n // CACHE_BLOCK_SIZE, mask=kv_valid, other=0
+        ).to(tl.int64)
+        cache_offs = (
+            block_ids * cache_stride_b
+            + (offs_n % CACHE_BLOCK_SIZE) * cache_stride_s
+            + kv_head * cache_stride_h
+        )  # [BLOCK_N]
+        k = tl.load(
+            k_cache_ptr + cache_offs[None, :] + offs_d[:, None], mask=kv_valid[None, :], other=0.0
+        )  # [HEAD_DIM, BLOCK_N]
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        scores = _scale_scores(
+            tl.dot(q, k, input_precision="ieee"), scale, soft_cap, USE_SOFT_CAP
+        )  # [BLOCK_M, BLOCK_N]
+        visible = kv_valid[None, :]
+        if USE_SLIDING_WINDOW:
+            visible = visible & ((q_pos[:, None] - offs_n[None, :]) < sliding_window)
+        scores = tl.where(visible, scores, float("-inf"))
+        v = tl.load(
+            v_cache_ptr + cache_offs[:, None] + offs_d[None, :], mask=kv_valid[:, None], other=0.0
+        )  # [BLOCK_N, HEAD_DIM]
+        if UPCAST_DOT:
+            v = v.to(tl.float32)
+        m_i, l_i, acc = _online_softmax_step(scores, v, m_i, l_i, acc)
+
+    # ---- 2. this step's new tokens, read from k / v, under the custom or causal mask ----
+    if HAS_MASK:
+        new_end = q_len
+        mask_row = mask_ptr + tl.load(mask_start_loc_ptr + seq) + q_local.to(tl.int64) * q_len
+    else:
+        new_end = tl.minimum(q_len, (q_block_local + 1) * BLOCK_Q)  # causal: later tiles unseen
+    for kv_start in range(0, new_end, BLOCK_N):
+        offs_n = kv_start + tl.arange(0, BLOCK_N)  # [BLOCK_N] index in seq
+        kv_valid = offs_n < q_len
+        kv_tok = (q_start + offs_n).to(tl.int64)
+        k = tl.load(
+            k_ptr + kv_tok[None, :] * k_stride_t + kv_head * k_stride_h + offs_d[:, None],
+            mask=kv_valid[None, :],
+            other=0.0,
+        )  # [HEAD_DIM, BLOCK_N]
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        scores = _scale_scores(
+            tl.dot(q, k, input_precision="ieee"), scale, soft_cap, USE_SOFT_CAP
+        )  # [BLOCK_M, BLOCK_N]
+        if HAS_MASK:
+            allowed = tl.load(
+                mask_row[:, None] + offs_n[None, :],
+                mask=row_valid[:, None] & kv_valid[None, :],
+                other=0,
+            )
+            visible = allowed != 0
+        else:
+            visible = (offs_n[None, :] <= q_local[:, None]) & kv_valid[None, :]
+        if USE_SLIDING_WINDOW:
+            k_pos = tl.load(positions_ptr + kv_tok, mask=kv_valid, other=0)
+            visible = visible & ((q_pos[:, None] - k_pos[None, :]) < sliding_window)
+        scores = tl.where(visible, scores, float("-inf"))
+        v = tl.load(
+            v_ptr + kv_tok[:, None] * v_stride_t + kv_head * v_stride_h + offs_d[None, :],
+            mask=kv_valid[:, None],
+            other=0.0,
+        )  # [BLOCK_N, HEAD_DIM]
+        if UPCAST_DOT:
+            v = v.to(tl.float32)
+        m_i, l_i, acc = _online_softmax_step(scores, v, m_i, l_i, acc)
+
+    # Rows without any visible key have l = 0 and acc = 0: they return zeros.
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(
+        out_ptr + q_tok[:, None] * o_stride_t + q_head[:, None] * o_stride_h + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None],
+    )
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _launch_config(max_query_len: int, num_queries_per_kv: int, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_Q, BLOCK_N, num_warps): small tiles for decode / verify, large for prefill."""
+    rows = max(16, triton.next_power_of_2(max(max_query_len, 1) * num_queries_per_kv))
+    block_m = max(min(rows, 128 if head_dim <= 128 else 64), triton.next_power_of_2(num_queries_per_kv))
+    block_n = 64 if head_dim <= 128 else 32
+    num_warps = 8 if block_m * head_dim >= 128 * 128 else 4
+    return block_m, block_m // num_queries_per_kv, block_n, num_warps
+
+
+def paged_attention_triton(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    block_tables: torch.Tensor,  # [S, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [S] int32
+    query_start_loc: torch.Tensor,  # [S + 1] int32
+    positions: torch.Tensor,  # [T] int64
+    scale: float,
+    sliding_window: int | None = None,
+    mask: torch.Tensor | None = None,  # [sum_s n_s * n_s] bool
+    mask_start_loc: torch.Tensor | None = None,  # [S + 1] int64
+    logits_soft_cap: float | None = None,
+    max_query_len: int | None = None,
+) -> torch.Tensor:  # [T, Hq, D]
+    """Triton launcher of :func:`paged_attention`. Never reads tensor values on the host.
+
+    ``max_query_len`` (largest ``n_s``) only picks tile sizes; the grid is ``T // BLOCK_Q + S``
+    programs per KV head whatever it is. If None, ``ceil(T / S)`` is used as the guess.
+    """
+    _check_args(
+        q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
+        sliding_window, mask, mask_start_loc, logits_soft_cap,
+    )  # fmt: skip
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    num_seqs = block_tables.shape[0]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"Triton paged_attention needs a power-of-two head_dim >= 16, got {head_dim}")
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError("k_cache and v_cache must have the same strides")
+
+    out = torch.empty_like(q)
+    if num_tokens == 0:
+        return out
+    num_queries_per_kv = num_q_heads // num_kv_heads
+    if max_query_len is None:
+        max_query_len = -(-num_tokens // max(num_seqs, 1))
+    block_m, block_q, block_n, num_warps = _launch_config(max_query_len, num_queries_per_kv, head_dim)
+
+    has_mask = mask is not None
+    mask_u8 = mask.view(torch.uint8) if has_mask else positions  # dummy pointer when unused
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    _paged_attention_kernel[grid](
+        out, q, k, v, k_cache, v_cache,
+        block_tables, context_lens, query_start_loc, positions,
+        mask_u8, mask_start_loc if has_mask else positions,
+        float(scale),
+        int(sliding_window) if sliding_window is not None else 0,
+        float(logits_soft_cap) if logits_soft_cap is not None else 0.0,
+        num_seqs,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        CACHE_BLOCK_SIZE=k_cache.shape[1],
+        NUM_QUERIES_PER_KV=num_queries_per_kv,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        BLOCK_N=block_n,
+        HAS_MASK=has_mask,
+        USE_SLIDING_WINDOW=sliding_window is not None,
+        USE_SOFT_CAP=logits_soft_cap is not None,
+        # Triton's interpreter (the only way to run on CPU tensors) multiplies bf16 dot operands
+        # as their raw uint16 bits (triton/runtime/interpreter.py, create_dot), so upcast there.
+        UPCAST_DOT=q.dtype == torch.bfloat16 and (not q.is_cuda or _interpreting()),
+        num_warps=num_warps,
+    )  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference
+# ---------------------------------------------------------------------------------------------
+
+
+def paged_attention_ref(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    block_tables: torch.Tensor,  # [S, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [S] int32
+    query_start_loc: torch.Tensor,  # [S + 1] int32
+    positions: torch.Tensor,  # [T] int64
+    scale: float,
+    sliding_window: int | None = None,
+    mask: torch.Tensor | None = None,  # [sum_s n_s * n_s] bool
+    mask_start_loc: torch.Tensor | None = None,  # [S + 1] int64
+    logits_soft_cap: float | None = None,
+) -> torch.Tensor:  # [T, Hq, D]
+    """Plain-torch reference (and CPU path) of :func:`paged_attention`: one sequence at a time.
+
+    Reads sequence lengths on the host (``.tolist()``), so it syncs on GPU tensors.
+    """
+    _check_args(
+        q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
+        sliding_window, mask, mask_start_loc, logits_soft_cap,
+    )  # fmt: skip
+    num_q_heads, head_dim = q.shape[1:]
+    num_kv_heads = k.shape[1]
+    group = num_q_heads // num_kv_heads
+    block_size = k_cache.shape[1]
+    device = q.device
+
+    out = torch.zeros_like(q)
+    starts = query_start_loc.tolist()
+    ctx_lens = context_lens.tolist()
+    mask_starts = mask_start_loc.tolist() if mask_start_loc is not None else None
+    for s, ctx in enumerate(ctx_lens):
+        start, end = starts[s], starts[s + 1]
+        n = end - start
+        if n == 0:
+            continue
+        blocks = block_tables[s, : -(-ctx // block_size)].long()
+        k_ctx = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]  # [ctx, Hkv, D]
+        v_ctx = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]  # [ctx, Hkv, D]
+        keys = torch.cat([k_ctx, k[start:end]]).float().repeat_interleave(group, dim=1)  # [L, Hq, D]
+        values = torch.cat([v_ctx, v[start:end]]).float().repeat_interleave(group, dim=1)  # [L, Hq, D]
+
+        q_pos = positions[start:end]  # [n]
+        k_pos = torch.cat([torch.arange(ctx, device=device), q_pos])  # [L]
+        if mask is None:
+            new_visible = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # [n, n]
+        else:
+            assert mask_starts is not None
+            new_visible = mask[mask_starts[s] : mask_starts[s] + n * n].view(n, n)  # [n, n]
+        ctx_visible = torch.ones(n, ctx, dtype=torch.bool, device=device)  # [n, ctx]
+        visible = torch.cat([ctx_visible, new_visible], dim=1)  # [n, L]
+        if sliding_window is not None:
+            visible = visible & (q_pos[:, None] - k_pos[None, :] < sliding_window)
+
+        scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), keys) * scale  # [Hq, n, L]
+        if logits_soft_cap is not None:
+            scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        probs = probs.masked_fill(~visible.any(dim=-1, keepdim=True), 0.0)  # no key: zeros, not NaN
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatcher and helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    block_tables: torch.Tensor,  # [S, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [S] int32
+    query_start_loc: torch.Tensor,  # [S + 1] int32
+    positions: torch.Tensor,  # [T] int64
+    scale: float,
+    sliding_window: int | None = None,
+    mask: torch.Tensor | None = None,  # [sum_s n_s * n_s] bool
+    mask_start_loc: torch.Tensor | None = None,  # [S + 1] int64
+    logits_soft_cap: float | None = None,
+    max_query_len: int | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:  # [T, Hq, D], dtype of q
+    """Attention of this step's new tokens over their sequence's cached context and new tokens.
+
+    Args:
+        q: query tokens of this step, all sequences packed.
+        k, v: K/V of this step's new tokens; attended to from here, not from the cache.
+        k_cache, v_cache: paged cache; cached token ``i`` of seq ``s`` lives in block
+            ``block_tables[s, i // block_size]`` at offset ``i % block_size``.
+        block_tables: physical block ids per sequence (entries past the context are ignored).
+        context_lens: number of cached tokens of each sequence (positions ``0 .. ctx-1``), all
+            visible to every query of that sequence (subject to ``sliding_window``).
+        query_start_loc: cumulative offsets of each sequence's new tokens in ``T``.
+        positions: absolute position of each new token (as query and as key).
+        scale: softmax scale, usually ``D ** -0.5``.
+        sliding_window: key at ``kp`` is visible to query at ``qp`` only if ``qp - kp < window``.
+        mask: packed custom mask (see :func:`pack_masks`); ``None`` means causal by index.
+        mask_start_loc: offsets of each sequence's ``n_s x n_s`` block in ``mask``.
+        logits_soft_cap: if set, ``scores = cap * tanh(scores / cap)`` (Gemma 2).
+        max_query_len: largest ``n_s``; only a tile-size hint for the Triton path.
+        backend: ``"auto"`` (Triton on CUDA, torch otherwise), ``"triton"`` or ``"torch"``.
+    """
+    if use_triton(backend, q):
+        return paged_attention_triton(
+            q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
+            scale, sliding_window, mask, mask_start_loc, logits_soft_cap, max_query_len,
+        )  # fmt: skip
+    return paged_attention_ref(
+        q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
+        scale, sliding_window, mask, mask_start_loc, logits_soft_cap,
+    )  # fmt: skip
+
+
+def pack_masks(
+    masks: list[torch.Tensor],  # S x [n_s, n_s] bool
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([sum_s n_s * n_s] bool, [S + 1] int64)
+    """Pack per-sequence ``[n_s, n_s]`` masks (``[i, j]`` = query i sees new token j) for
+    :func:`paged_attention`. Returns ``(mask, mask_start_loc)``; on the first mask's device."""
+    device = masks[0].device if masks else torch.device("cpu")
+    sizes = []
+    for i, m in enumerate(masks):
+        if m.dim() != 2 or m.shape[0] != m.shape[1] or m.dtype != torch.bool:
+            raise ValueError(f"masks[{i}] must be a square bool matrix, got {m.dtype} {tuple(m.shape)}")
+        sizes.append(m.numel())
+    mask_start_loc = torch.zeros(len(masks) + 1, dtype=torch.int64)
+    mask_start_loc[1:] = torch.tensor(sizes, dtype=torch.int64).cumsum(0)
+    if masks:
+        mask = torch.cat([m.reshape(-1).to(device) for m in masks])
+    else:
+        mask = torch.zeros(0, dtype=torch.bool, device=device)
+    return mask, mask_start_loc.to(device)
+
+
+def _check_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    sliding_window: int | None,
+    mask: torch.Tensor | None,
+    mask_start_loc: torch.Tensor | None,
+    logits_soft_cap: float | None,
+) -> None:
+    """Shape / dtype / layout checks shared by both backends (no tensor values are read)."""
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(
+            f"q must be [T, Hq, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    num_tokens, num_q_heads, head_dim = q.shape
+    if k.shape[0] != num_tokens or k.shape[2] != head_dim:
+        raise ValueError(f"k {tuple(k.shape)} does not match q {tuple(q.shape)}")
+    num_kv_heads = k.shape[1]
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(f"Hq={num_q_heads} must be a multiple of Hkv={num_kv_heads}")
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            "k_cache and v_cache must be [num_blocks, block_size, Hkv, D], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
+        raise ValueError(
+            f"cache [.., .., Hkv, D] = {tuple(k_cache.shape)} does not match k {tuple(k.shape)}"
+        )
+    dtypes = {t.dtype for t in (q, k, v, k_cache, v_cache)}
+    if len(dtypes) != 1 or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q, k, v, k_cache, v_cache must share one float dtype, got {dtypes}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension")
+    if block_tables.dim() != 2 or block_tables.dtype != torch.int32:
+        raise ValueError(
+            f"block_tables must be int32 [S, max_blocks], got {block_tables.dtype} "
+            f"{tuple(block_tables.shape)}"
+        )
+    num_seqs = block_tables.shape[0]
+    if block_tables.shape[1] > 0 and block_tables.stride(1) != 1:
+        raise ValueError("block_tables must be contiguous in its last dimension")
+    for name, t, shape, dtype in (
+        ("context_lens", context_lens, (num_seqs,), torch.int32),
+        ("query_start_loc", query_start_loc, (num_seqs + 1,), torch.int32),
+        ("positions", positions, (num_tokens,), torch.int64),
+    ):
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(
+                f"{name} must be a contiguous {dtype} tensor of shape {shape}, "
+                f"got {t.dtype} {tuple(t.shape)}"
+            )
+    if (mask is None) != (mask_start_loc is None):
+        raise ValueError("mask and mask_start_loc must be given together (see pack_masks)")
+    if mask is not None and mask_start_loc is not None:
+        if mask.dim() != 1 or mask.dtype != torch.bool or not mask.is_contiguous():
+            raise ValueError(f"mask must be a packed contiguous 1-D bool tensor, got {mask.dtype} {tuple(mask.shape)}")
+        if tuple(mask_start_loc.shape) != (num_seqs + 1,) or mask_start_loc.dtype != torch.int64:
+            raise ValueError(
+                f"mask_start_loc must be int64 [S + 1 = {num_seqs + 1}], got "
+                f"{mask_start_loc.dtype} {tuple(mask_start_loc.shape)}"
+            )
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    if logits_soft_cap is not None and not (logits_soft_cap > 0 and math.isfinite(logits_soft_cap)):
+        raise ValueError(f"logits_soft_cap must be a positive finite float or None, got {logits_soft_cap}")
+    tensors = [q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions]
+    tensors += [t for t in (mask, mask_start_loc) if t is not None]
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")

@@ -1,0 +1,152 @@
+"""GPU benchmark and large-shape check of the kernels (a script, not collected by pytest).
+
+    TRITON_INTERPRET=0 python tests/kernels/bench_kernels.py [--sweep]
+
+Each attention line: Triton time, effective bandwidth (KV bytes read) or TFLOP/s, and the max
+abs difference to the torch reference. ``--sweep`` also times other tile configurations.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "0")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+import kernels.attention as attention  # noqa: E402
+from kernels import pack_masks, paged_attention_ref, paged_attention_triton, rejection_sample, store_kv_cache  # noqa: E402
+
+DEV = "cuda"
+
+
+def make_batch(ctx_lens, new_lens, hq, hkv, d, block_size=16, dtype=torch.bfloat16, tree_mask=False):
+    num_seqs = len(ctx_lens)
+    blocks = [-(-c // block_size) for c in ctx_lens]
+    num_blocks = max(sum(blocks), 1)
+    k_cache = torch.randn(num_blocks, block_size, hkv, d, device=DEV, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    perm = torch.randperm(num_blocks, device=DEV).int()
+    block_tables = torch.zeros(num_seqs, max(blocks + [1]), dtype=torch.int32, device=DEV)
+    used = 0
+    for s, nb in enumerate(blocks):
+        block_tables[s, :nb] = perm[used : used + nb]
+        used += nb
+    t = sum(new_lens)
+    qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(new_lens).cumsum(0)
+    positions = torch.cat([torch.arange(c, c + n) for c, n in zip(ctx_lens, new_lens)])
+    mask = mask_start_loc = None
+    if tree_mask:
+        masks = [(torch.rand(n, n) < 0.5).tril() | torch.eye(n, dtype=torch.bool) for n in new_lens]
+        mask, mask_start_loc = (x.to(DEV) for x in pack_masks(masks))
+    return dict(
+        q=torch.randn(t, hq, d, device=DEV, dtype=dtype),
+        k=torch.randn(t, hkv, d, device=DEV, dtype=dtype),
+        v=torch.randn(t, hkv, d, device=DEV, dtype=dtype),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=block_tables,
+        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=DEV),
+        query_start_loc=qsl.to(DEV),
+        positions=positions.to(DEV),
+        scale=d**-0.5,
+        mask=mask,
+        mask_start_loc=mask_start_loc,
+    )
+
+
+def bench_attention(name, b, max_query_len, flops=None, sdpa=None, check=True, **kw):
+    fn = lambda: paged_attention_triton(**b, max_query_len=max_query_len, **kw)  # noqa: E731
+    ms = do_bench(fn, warmup=50, rep=200)
+    hkv, d = b["k"].shape[1:]
+    kv_bytes = (int(b["context_lens"].sum()) + b["k"].shape[0]) * hkv * d * 2 * b["k"].element_size()
+    line = f"{name:42s} {ms * 1e3:9.1f} us  {kv_bytes / ms / 1e9:7.0f} GB/s"
+    if flops:
+        line += f"  {flops / ms / 1e9:6.0f} TFLOP/s"
+    if sdpa is not None:
+        sdpa_ms = do_bench(sdpa, warmup=50, rep=200)
+        line += f"  | torch sdpa {sdpa_ms * 1e3:8.1f} us ({flops / sdpa_ms / 1e9:5.0f} TFLOP/s)"
+    if check:
+        err = (fn().float() - paged_attention_ref(**b, **kw).float()).abs().max().item()
+        line += f"  maxerr {err:.2e}"
+    print(line, flush=True)
+    return ms
+
+
+def main():
+    torch.manual_seed(0)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    hq, hkv, d = 32, 8, 128
+
+    bench_attention("decode  S=128 ctx=4096 (bf16, D128, G4)", make_batch([4096] * 128, [1] * 128, hq, hkv, d), 1)
+    bench_attention("decode  S=32  ctx=16384", make_batch([16384] * 32, [1] * 32, hq, hkv, d), 1, check=False)
+    bench_attention("decode  S=256 ctx=1024", make_batch([1024] * 256, [1] * 256, hq, hkv, d), 1)
+    bench_attention("verify  S=64 n=8 ctx=2048 tree mask", make_batch([2048] * 64, [8] * 64, hq, hkv, d, tree_mask=True), 8)
+    bench_attention("verify  S=64 n=8 ctx=2048 causal", make_batch([2048] * 64, [8] * 64, hq, hkv, d), 8)
+    n = 2048
+    b = make_batch([0], [n], hq, hkv, d)
+    q4, k4, v4 = (b[x].transpose(0, 1)[None] for x in ("q", "k", "v"))
+    sdpa = lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)  # noqa: E731
+    causal_flops = 4 * n * n * d * hq / 2
+    bench_attention("prefill n=2048 ctx=0 causal", b, n, causal_flops, sdpa)
+    b = make_batch([4096], [n], hq, hkv, d)
+    bench_attention("chunked prefill n=2048 ctx=4096", b, n, 4 * n * (4096 + n / 2) * d * hq)
+    b = make_batch([3000] + [2048] * 63, [2048] + [1] * 63, hq, hkv, d)
+    bench_attention("mixed: 1 prefill 2048 + 63 decodes", b, 2048)
+    bench_attention("mixed, hint None", b, None)
+    for dd in (64, 256):
+        bench_attention(f"decode  S=128 ctx=4096 D={dd}", make_batch([4096] * 128, [1] * 128, hq, hkv, dd), 1)
+        bb = make_batch([0], [n], hq, hkv, dd)
+        bench_attention(f"prefill n=2048 D={dd}", bb, n, 4 * n * n * dd * hq / 2)
+    bench_attention("prefill sliding_window=256 softcap=50", make_batch([1024], [n], hq, hkv, d), n,
+                    sliding_window=256, logits_soft_cap=50.0)  # fmt: skip
+    bench_attention("decode fp32 S=8 ctx=1000", make_batch([1000] * 8, [1] * 8, hq, hkv, d, dtype=torch.float32), 1)
+
+    if "--sweep" in sys.argv:
+        orig = attention._launch_config
+        for label, b, mql in (
+            ("decode S=128 ctx=4096", make_batch([4096] * 128, [1] * 128, hq, hkv, d), 1),
+            ("verify S=64 n=8", make_batch([2048] * 64, [8] * 64, hq, hkv, d, tree_mask=True), 8),
+            ("prefill 2048", make_batch([0], [n], hq, hkv, d), n),
+        ):
+            for bm, bn, nw in [(16, 32, 4), (16, 64, 4), (16, 128, 4), (32, 64, 4), (64, 64, 4), (64, 32, 4),
+                               (128, 64, 8), (128, 64, 4), (128, 32, 4), (64, 128, 8), (128, 128, 8)]:  # fmt: skip
+                if bm < hq // hkv:
+                    continue
+                attention._launch_config = lambda *a, bm=bm, bn=bn, nw=nw: (bm, bm // (hq // hkv), bn, nw)
+                try:
+                    bench_attention(f"  sweep {label} M{bm} N{bn} w{nw}", b, mql, check=False)
+                except Exception as e:  # noqa: BLE001
+                    print(f"  sweep {label} M{bm} N{bn} w{nw} failed: {type(e).__name__}")
+        attention._launch_config = orig
+
+    # rejection sampler: S=256, 4 drafts, Qwen-size vocab
+    s, k, vocab = 256, 4, 151936
+    p = torch.softmax(torch.randn(s * k, vocab, device=DEV), -1)
+    qd = torch.softmax(torch.randn(s * k, vocab, device=DEV), -1)
+    args = (
+        torch.multinomial(qd, 1)[:, 0], torch.arange(0, s * k + 1, k, device=DEV, dtype=torch.int32), p,
+        torch.zeros(s, dtype=torch.int64, device=DEV), torch.zeros(s, dtype=torch.bool, device=DEV),
+        torch.rand(s * k, device=DEV), torch.empty_like(p).exponential_(), qd,
+    )  # fmt: skip
+    for be in ("triton", "torch"):
+        ms = do_bench(lambda: rejection_sample(*args, max_spec_len=k, backend=be), warmup=10, rep=100)
+        print(f"rejection_sample {be:6s} S=256 k=4 V=151936  {ms * 1e3:9.1f} us  {3 * p.numel() * 4 / ms / 1e9:6.0f} GB/s")
+    out_t = rejection_sample(*args, max_spec_len=k, backend="triton")
+    out_r = rejection_sample(*args, max_spec_len=k, backend="torch")
+    print("rejection triton == torch:", torch.equal(out_t, out_r))
+
+    t, hkv_, d_ = 8192, 8, 128
+    key = torch.randn(t, hkv_, d_, device=DEV, dtype=torch.bfloat16)
+    kc = torch.zeros(t // 16 + 1, 16, hkv_, d_, device=DEV, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    slots = torch.randperm(kc.shape[0] * 16, device=DEV)[:t]
+    ms = do_bench(lambda: store_kv_cache(key, key, kc, vc, slots), warmup=10, rep=100)
+    print(f"store_kv_cache T=8192 Hkv=8 D=128 bf16     {ms * 1e3:9.1f} us  {4 * key.numel() * 2 / ms / 1e9:6.0f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
