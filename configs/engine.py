@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from configs.speculative import SpeculativeConfig
 
 
 class EngineConfig(BaseModel):
@@ -39,3 +41,18 @@ class EngineConfig(BaseModel):
     seed: int = Field(0, description="Global seed for requests without their own.")
     trust_remote_code: bool = Field(False, description="Never run model code from checkpoints unless set.")
     enable_chunked_prefill: bool = Field(True, description="Split long prompts over several steps.")
+    speculative_config: SpeculativeConfig | None = Field(
+        None, description="Speculative decoding (vLLM --speculative-config fields); None = plain decoding."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "EngineConfig":
+        spec = self.speculative_config
+        if spec is not None and spec.draft_tensor_parallel_size not in (None, 1, self.tensor_parallel_size):
+            raise ValueError(
+                f"speculative_config.draft_tensor_parallel_size must be 1 or tensor_parallel_size "
+                f"({self.tensor_parallel_size}), got {spec.draft_tensor_parallel_size}"
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        return self

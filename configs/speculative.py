@@ -1,0 +1,108 @@
+"""``--speculative-config``: vLLM's field names and semantics, one pydantic model per method.
+
+The union is discriminated by ``method``; unknown fields and wrong types fail at load with the field named.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+
+class _SpecBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    num_speculative_tokens: int = Field(
+        5, ge=1, le=64, description="Draft tokens proposed per step (K); MAL is at most K + 1."
+    )
+    draft_tensor_parallel_size: int | None = Field(
+        None, ge=1, description="Drafter TP: 1 or the target's TP (default: the target's)."
+    )
+    disable_by_batch_size: int | None = Field(
+        None, gt=0, description="Turn speculation off when more requests than this are running."
+    )
+    execution: Literal["auto", "parallel", "decoupled"] = Field(
+        "auto",
+        description="Per-batch execution: auto (cost model), parallel (draft+verify in one forward; "
+        "FlexDraft only) or decoupled (verify, then draft).",
+    )
+
+
+class NgramConfig(_SpecBase):
+    """Prompt lookup decoding: copy the continuation of the latest earlier match of the last n tokens."""
+
+    method: Literal["ngram"] = "ngram"
+    prompt_lookup_max: int = Field(4, ge=1, le=32, description="Longest n-gram to match.")
+    prompt_lookup_min: int = Field(1, ge=1, le=32, description="Shortest n-gram to match.")
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> "NgramConfig":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
+        return self
+
+
+class DraftModelConfig(_SpecBase):
+    """A smaller LM with the target's tokenizer, run autoregressively with its own KV cache."""
+
+    method: Literal["draft_model"] = "draft_model"
+    model: str = Field(..., description="Draft model id, HF folder or .gguf file.")
+
+
+class DFlashConfig(_SpecBase):
+    """DFlash block-diffusion drafter (arXiv 2602.06036) fed with target hidden states."""
+
+    method: Literal["dflash"] = "dflash"
+    model: str = Field(..., description="Folder of a DFlashDraftModel checkpoint (config.json + safetensors).")
+    num_speculative_tokens: int = Field(15, ge=1, le=64, description="Drafts per step (block size - 1).")
+
+
+class DSparkConfig(DFlashConfig):
+    """DFlash backbone + low-rank Markov head (arXiv 2607.05147)."""
+
+    method: Literal["dspark"] = "dspark"  # type: ignore[assignment]
+    confidence_threshold: float = Field(
+        0.0, ge=0.0, le=1.0, description="Stop verifying after the first draft whose confidence is below this."
+    )
+
+
+class Eagle3Config(_SpecBase):
+    """EAGLE-3 (arXiv 2503.01840): one autoregressive layer on fused low/mid/high target features."""
+
+    method: Literal["eagle3"] = "eagle3"
+    model: str = Field(..., description="Folder of an EAGLE-3 checkpoint.")
+
+
+class MTPConfig(_SpecBase):
+    """The target's own multi-token-prediction layers, applied autoregressively past their depth."""
+
+    method: Literal["mtp"] = "mtp"
+    model: str | None = Field(None, description="Checkpoint holding the MTP layers (default: the target's).")
+    num_speculative_tokens: int = Field(1, ge=1, le=16, description="Drafts per step.")
+
+
+class FlexDraftConfig(_SpecBase):
+    """FlexDraft (arXiv 2605.20022): attention-tuned last layers co-located with the target."""
+
+    method: Literal["flexdraft"] = "flexdraft"
+    model: str = Field(..., description="Folder of a FlexDraft checkpoint (tuned layers + calibration).")
+    num_speculative_tokens: int = Field(15, ge=1, le=64, description="Drafts per step (block size - 1).")
+    verification_threshold: float = Field(
+        0.01, ge=0.0, le=1.0, description="Selective verification: keep drafts while cumulative confidence >= this."
+    )
+
+
+SpeculativeConfig = Annotated[
+    Union[NgramConfig, DraftModelConfig, DFlashConfig, DSparkConfig, Eagle3Config, MTPConfig, FlexDraftConfig],
+    Field(discriminator="method"),
+]
+
+_adapter: TypeAdapter = TypeAdapter(SpeculativeConfig)
+
+
+def parse_speculative_config(data: dict | str) -> SpeculativeConfig:
+    """Validate a dict or JSON string; raises pydantic.ValidationError naming the bad field."""
+    if isinstance(data, str):
+        return _adapter.validate_json(data)
+    return _adapter.validate_python(data)

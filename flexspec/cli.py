@@ -1,0 +1,103 @@
+"""``flexspec`` command line (typer)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Optional
+
+import typer
+from pydantic import ValidationError
+
+from flexspec.errors import FlexspecError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="flexspec: LLM serving with speculative decoding")
+
+
+@app.callback()
+def main() -> None:
+    """flexspec: LLM serving on Ray with lossless speculative decoding."""
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def _validation_message(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="Prompt text (a user message when --chat)."),
+    model: str = typer.Option("smollm2-135m-instruct", help="Model id, HF folder or .gguf file."),
+    max_tokens: int = typer.Option(128, help="Maximum output tokens."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass in (0, 1]."),
+    top_k: int = typer.Option(-1, help="Top-k; -1 = off."),
+    seed: Optional[int] = typer.Option(None, help="Sampling seed."),
+    stop: Optional[list[str]] = typer.Option(None, help="Stop string (repeatable)."),
+    chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the model's chat template."),
+    max_model_len: int = typer.Option(2048, help="Max prompt + output tokens."),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | float16"),
+    speculative_config: Optional[str] = typer.Option(
+        None, "--speculative-config", help="JSON, vLLM field names, e.g. '{\"method\": \"ngram\", ...}'."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Generate a completion for PROMPT with the engine (no server)."""
+    from configs import EngineConfig, SamplingParams
+
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop or []
+        )
+        engine_args: dict = dict(model=model, max_model_len=max_model_len, device=device, dtype=dtype)
+        if speculative_config:
+            try:
+                engine_args["speculative_config"] = json.loads(speculative_config)
+            except json.JSONDecodeError as e:
+                _fail(f"--speculative-config is not valid JSON: {e}")
+        config = EngineConfig(**engine_args)
+    except ValidationError as e:
+        _fail(_validation_message(e))
+    if not prompt:
+        _fail("prompt must not be empty")
+
+    from flexspec.engine.llm_engine import LLMEngine
+
+    try:
+        engine = LLMEngine(config)
+        ids = engine.apply_chat_template([{"role": "user", "content": prompt}]) if chat else engine.encode(prompt)
+        t0 = time.perf_counter()
+        out = engine.generate([ids], params)[0]
+        elapsed = time.perf_counter() - t0
+    except FlexspecError as e:
+        _fail(e.message)
+    result = {
+        "text": out.text,
+        "token_ids": out.token_ids,
+        "num_prompt_tokens": out.num_prompt_tokens,
+        "num_output_tokens": out.num_output_tokens,
+        "finish_reason": out.finish_reason,
+        "elapsed_s": round(elapsed, 4),
+        "output_tokens_per_s": round(out.num_output_tokens / elapsed, 2) if elapsed > 0 else None,
+    }
+    spec_metrics = getattr(engine, "spec_metrics", None)
+    if spec_metrics is not None:
+        result["spec_decode"] = spec_metrics.as_dict()
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        typer.echo(out.text)
+
+
+if __name__ == "__main__":
+    app()
