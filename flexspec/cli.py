@@ -99,5 +99,17 @@ def generate(
         typer.echo(out.text)
 
 
+@app.command("prepare-model")
+def prepare_model(model: str = typer.Argument("smollm2-135m-instruct", help="Model id, folder or .gguf.")) -> None:
+    """Resolve MODEL and cache GGUF weights as safetensors, so later loads take seconds."""
+    from flexspec.models.loader import resolve_model_dir
+
+    try:
+        path = resolve_model_dir(model)
+    except FlexspecError as e:
+        _fail(e.message)
+    typer.echo(f"{model}: {path}")
+
+
 if __name__ == "__main__":
     app()

@@ -72,11 +72,92 @@ def _online_softmax_step(
 @triton.jit
 def _scale_scores(qk, scale, soft_cap, USE_SOFT_CAP: tl.constexpr):
     """``qk * scale``, optionally ``cap * tanh(. / cap)``, converted to the log2 domain."""
-    s = qk * scale
     if USE_SOFT_CAP:
+        s = qk * scale
         # tanh(x) = 1 - 2 / (exp(2x) + 1): portable (no libdevice), saturates cleanly at +-1.
         s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0))
-    return s * 1.4426950408889634
+        return s * 1.4426950408889634
+    return qk * (scale * 1.4426950408889634)
+
+
+MASK_NONE: tl.constexpr = tl.constexpr(0)  # every key of the range visible (before the diagonal)
+MASK_CAUSAL: tl.constexpr = tl.constexpr(1)  # key index <= query index
+MASK_CUSTOM: tl.constexpr = tl.constexpr(2)  # packed per-sequence [n, n] bool mask
+
+
+@triton.jit
+def _attend_new_tokens(
+    m_i,  # [BLOCK_M] fp32
+    l_i,  # [BLOCK_M] fp32
+    acc,  # [BLOCK_M, HEAD_DIM] fp32
+    q,  # [BLOCK_M, HEAD_DIM]
+    q_local,  # [BLOCK_M] query index within the sequence
+    q_pos,  # [BLOCK_M] int64 query position
+    row_valid,  # [BLOCK_M] bool
+    kv_begin,  # first new-token index of the range (multiple of BLOCK_N)
+    kv_end,  # one past the last new-token index of the range
+    q_start,  # offset of the sequence's first new token in T
+    q_len,  # n_s
+    kv_head,
+    k_ptr,  # [T, Hkv, D]
+    v_ptr,  # [T, Hkv, D]
+    positions_ptr,  # [T] int64
+    mask_row_ptr,  # [BLOCK_M] pointers to each row's mask row (MASK_CUSTOM only)
+    k_stride_t,
+    k_stride_h,
+    v_stride_t,
+    v_stride_h,
+    scale,
+    sliding_window,
+    soft_cap,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK_MODE: tl.constexpr,
+    USE_SLIDING_WINDOW: tl.constexpr,
+    USE_SOFT_CAP: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    """Online-softmax pass over new tokens ``[kv_begin, kv_end)`` of one sequence."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for kv_start in range(kv_begin, kv_end, BLOCK_N):
+        offs_n = kv_start + tl.arange(0, BLOCK_N)  # [BLOCK_N] index in seq
+        kv_valid = offs_n < q_len
+        kv_tok = (q_start + offs_n).to(tl.int64)
+        k = tl.load(
+            k_ptr + kv_tok[None, :] * k_stride_t + kv_head * k_stride_h + offs_d[:, None],
+            mask=kv_valid[None, :],
+            other=0.0,
+        )  # [HEAD_DIM, BLOCK_N]
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        scores = _scale_scores(
+            tl.dot(q, k, input_precision="ieee"), scale, soft_cap, USE_SOFT_CAP
+        )  # [BLOCK_M, BLOCK_N]
+        if MASK_MODE == MASK_CUSTOM:
+            allowed = tl.load(
+                mask_row_ptr[:, None] + offs_n[None, :],
+                mask=row_valid[:, None] & kv_valid[None, :],
+                other=0,
+            )
+            visible = allowed != 0
+        elif MASK_MODE == MASK_CAUSAL:
+            visible = (offs_n[None, :] <= q_local[:, None]) & kv_valid[None, :]
+        else:
+            visible = kv_valid[None, :]
+        if USE_SLIDING_WINDOW:
+            k_pos = tl.load(positions_ptr + kv_tok, mask=kv_valid, other=0)
+            visible = visible & ((q_pos[:, None] - k_pos[None, :]) < sliding_window)
+        if MASK_MODE != MASK_NONE or USE_SLIDING_WINDOW:
+            scores = tl.where(visible, scores, float("-inf"))
+        v = tl.load(
+            v_ptr + kv_tok[:, None] * v_stride_t + kv_head * v_stride_h + offs_d[None, :],
+            mask=kv_valid[:, None],
+            other=0.0,
+        )  # [BLOCK_N, HEAD_DIM]
+        if UPCAST_DOT:
+            v = v.to(tl.float32)
+        m_i, l_i, acc = _online_softmax_step(scores, v, m_i, l_i, acc)
+    return m_i, l_i, acc
 
 
 @triton.jit(do_not_specialize=["num_seqs", "scale", "sliding_window", "soft_cap"])
@@ -192,45 +273,30 @@ def _paged_attention_kernel(
 
     # ---- 2. this step's new tokens, read from k / v, under the custom or causal mask ----
     if HAS_MASK:
-        new_end = q_len
         mask_row = mask_ptr + tl.load(mask_start_loc_ptr + seq) + q_local.to(tl.int64) * q_len
+        m_i, l_i, acc = _attend_new_tokens(
+            m_i, l_i, acc, q, q_local, q_pos, row_valid, 0, q_len, q_start, q_len, kv_head,
+            k_ptr, v_ptr, positions_ptr, mask_row, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+            scale, sliding_window, soft_cap,
+            HEAD_DIM, BLOCK_N, MASK_CUSTOM, USE_SLIDING_WINDOW, USE_SOFT_CAP, UPCAST_DOT,
+        )  # fmt: skip
     else:
-        new_end = tl.minimum(q_len, (q_block_local + 1) * BLOCK_Q)  # causal: later tiles unseen
-    for kv_start in range(0, new_end, BLOCK_N):
-        offs_n = kv_start + tl.arange(0, BLOCK_N)  # [BLOCK_N] index in seq
-        kv_valid = offs_n < q_len
-        kv_tok = (q_start + offs_n).to(tl.int64)
-        k = tl.load(
-            k_ptr + kv_tok[None, :] * k_stride_t + kv_head * k_stride_h + offs_d[:, None],
-            mask=kv_valid[None, :],
-            other=0.0,
-        )  # [HEAD_DIM, BLOCK_N]
-        if UPCAST_DOT:
-            k = k.to(tl.float32)
-        scores = _scale_scores(
-            tl.dot(q, k, input_precision="ieee"), scale, soft_cap, USE_SOFT_CAP
-        )  # [BLOCK_M, BLOCK_N]
-        if HAS_MASK:
-            allowed = tl.load(
-                mask_row[:, None] + offs_n[None, :],
-                mask=row_valid[:, None] & kv_valid[None, :],
-                other=0,
-            )
-            visible = allowed != 0
-        else:
-            visible = (offs_n[None, :] <= q_local[:, None]) & kv_valid[None, :]
-        if USE_SLIDING_WINDOW:
-            k_pos = tl.load(positions_ptr + kv_tok, mask=kv_valid, other=0)
-            visible = visible & ((q_pos[:, None] - k_pos[None, :]) < sliding_window)
-        scores = tl.where(visible, scores, float("-inf"))
-        v = tl.load(
-            v_ptr + kv_tok[:, None] * v_stride_t + kv_head * v_stride_h + offs_d[None, :],
-            mask=kv_valid[:, None],
-            other=0.0,
-        )  # [BLOCK_N, HEAD_DIM]
-        if UPCAST_DOT:
-            v = v.to(tl.float32)
-        m_i, l_i, acc = _online_softmax_step(scores, v, m_i, l_i, acc)
+        # Causal: key tiles before the tile's first query are fully visible (no mask needed),
+        # tiles after its last query are invisible; only the diagonal tiles are masked.
+        diag_start = (q_block_local * BLOCK_Q) // BLOCK_N * BLOCK_N
+        diag_end = tl.minimum(q_len, (q_block_local + 1) * BLOCK_Q)
+        m_i, l_i, acc = _attend_new_tokens(
+            m_i, l_i, acc, q, q_local, q_pos, row_valid, 0, diag_start, q_start, q_len, kv_head,
+            k_ptr, v_ptr, positions_ptr, mask_ptr, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+            scale, sliding_window, soft_cap,
+            HEAD_DIM, BLOCK_N, MASK_NONE, USE_SLIDING_WINDOW, USE_SOFT_CAP, UPCAST_DOT,
+        )  # fmt: skip
+        m_i, l_i, acc = _attend_new_tokens(
+            m_i, l_i, acc, q, q_local, q_pos, row_valid, diag_start, diag_end, q_start, q_len,
+            kv_head, k_ptr, v_ptr, positions_ptr, mask_ptr, k_stride_t, k_stride_h, v_stride_t,
+            v_stride_h, scale, sliding_window, soft_cap,
+            HEAD_DIM, BLOCK_N, MASK_CAUSAL, USE_SLIDING_WINDOW, USE_SOFT_CAP, UPCAST_DOT,
+        )  # fmt: skip
 
     # Rows without any visible key have l = 0 and acc = 0: they return zeros.
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

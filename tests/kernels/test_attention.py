@@ -173,6 +173,7 @@ CASES = {
     "gqa3_non_pow2_group": ([6, 2], [3, 4], dict(num_q_heads=6, num_kv_heads=2), {}),
     "block_size_3": ([10, 5], [2, 3], dict(block_size=3), {}),
     "sliding_window": ([150, 9], [3, 12], dict(block_size=16), dict(sliding_window=10)),
+    "long_prefill_window": ([0, 4], [150, 2], {}, dict(sliding_window=20)),
     "window_and_mask": ([70], [6], dict(masks="random"), dict(sliding_window=9)),
     "soft_cap": ([13, 2], [2, 5], {}, dict(logits_soft_cap=2.0)),
 }
@@ -188,10 +189,11 @@ def test_triton_matches_reference(name, device):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("max_query_len", [None, 1, 40, 300])
+@pytest.mark.parametrize("max_query_len", [None, 1, 150, 300])
 def test_tile_size_hint_does_not_change_result(max_query_len, device):
-    """The hint only picks BLOCK_M; a wrong hint (1 for a 40-token chunk) must still be exact."""
-    b = _make_batch([6, 0, 3], [40, 1, 7], device=device)
+    """The hint only picks BLOCK_M; a wrong hint (1 for a 150-token chunk) must still be exact.
+    150 tokens also reach the causal kernel's unmasked (before-the-diagonal) key tiles."""
+    b = _make_batch([6, 0, 3], [150, 1, 7], device=device)
     expected = paged_attention_ref(**b)
     got = paged_attention_triton(**b, max_query_len=max_query_len)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,1 @@
+"""Ray Serve application: OpenAI ingress, engine replica deployment, controller loop, metrics."""

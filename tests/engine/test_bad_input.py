@@ -1,0 +1,83 @@
+"""Bad input gives a clear, typed error and the engine keeps working (issue 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from configs import EngineConfig, SamplingParams
+from flexspec.errors import ContextLengthExceededError, InvalidRequestError, ModelLoadError, ModelNotFoundError
+from flexspec.models.loader import resolve_model_dir
+
+
+def test_empty_prompt(engine):
+    with pytest.raises(InvalidRequestError, match="empty"):
+        engine.add_request("", SamplingParams())
+    with pytest.raises(InvalidRequestError, match="empty"):
+        engine.add_request([], SamplingParams())
+
+
+def test_prompt_longer_than_max_model_len(engine):
+    with pytest.raises(ContextLengthExceededError, match="max_model_len"):
+        engine.add_request([1] * engine.config.max_model_len, SamplingParams())
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"stop": [""]}, "stop"),
+    ],
+)
+def test_bad_sampling_params_name_the_field(kwargs, field):
+    with pytest.raises(ValidationError) as e:
+        SamplingParams(**kwargs)
+    assert field in str(e.value)
+
+
+def test_unknown_model_id():
+    with pytest.raises(ModelNotFoundError, match="unknown model"):
+        resolve_model_dir("no-such-model")
+
+
+def test_pickle_checkpoint_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
+    with pytest.raises(ModelLoadError, match="pickle"):
+        resolve_model_dir(str(tmp_path))
+
+
+def test_corrupt_weight_file(engine, tmp_path):
+    src = engine.executor.model_dir
+    import shutil
+    from pathlib import Path
+
+    for f in Path(src).iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage}")
+    from flexspec.engine.model_runner import ModelRunner
+
+    with pytest.raises(ModelLoadError, match="corrupt"):
+        ModelRunner(EngineConfig(model=str(tmp_path), device="cpu", max_model_len=256))
+
+
+def test_invalid_engine_config_names_field():
+    with pytest.raises(ValidationError, match="max_model_len"):
+        EngineConfig(max_model_len=0)
+    with pytest.raises(ValidationError, match="speculative_config"):
+        EngineConfig(speculative_config={"method": "nope"})
+
+
+def test_engine_still_serves_after_errors(engine):
+    with pytest.raises(InvalidRequestError):
+        engine.add_request("", SamplingParams())
+    out = engine.generate(["Hello"], SamplingParams(max_tokens=3, temperature=0))[0]
+    assert len(out.token_ids) == 3

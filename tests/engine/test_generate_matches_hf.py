@@ -1,0 +1,51 @@
+"""Greedy output of our engine == transformers generate(do_sample=False), fp32 on CPU (issue 2)."""
+
+from __future__ import annotations
+
+import torch
+
+from configs import EngineConfig, SamplingParams
+from flexspec.engine.llm_engine import LLMEngine
+from tests.conftest import real_prompts
+
+GREEDY_64 = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=False)
+
+
+def hf_greedy(hf_model, ids: list[int], max_new_tokens: int, eos: int) -> list[int]:
+    with torch.no_grad():
+        out = hf_model.generate(
+            torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def test_21_real_prompts_match_transformers(engine, hf_model):
+    prompts = real_prompts(engine, n_each=7)
+    assert len(prompts) >= 20
+    outs = engine.generate(prompts, GREEDY_64)  # one continuous batch, mixed lengths
+    eos = engine.tokenizer.eos_token_id
+    mismatches = []
+    for i, (ids, o) in enumerate(zip(prompts, outs)):
+        ref = hf_greedy(hf_model, ids, 64, eos)
+        if ref != o.token_ids:
+            mismatches.append((i, ref[:12], o.token_ids[:12]))
+    assert not mismatches, mismatches
+
+
+def test_batch_of_8_equals_each_alone(engine):
+    prompts = real_prompts(engine, n_each=3)[:8]
+    batched = [o.token_ids for o in engine.generate(prompts, GREEDY_64)]
+    alone = [engine.generate([p], GREEDY_64)[0].token_ids for p in prompts]
+    assert batched == alone
+
+
+def test_chunked_prefill_and_preemption_do_not_change_tokens(engine):
+    prompts = real_prompts(engine, n_each=2)[:5]
+    ref = [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=48, temperature=0))]
+    # 16-token steps force chunked prefill; 24 KV blocks of 16 tokens cannot hold 5 sequences -> preemption.
+    small = LLMEngine(
+        EngineConfig(max_model_len=384, max_num_batched_tokens=16, max_num_seqs=8, num_kv_blocks=24, device="cpu")
+    )
+    outs = small.generate(prompts, SamplingParams(max_tokens=48, temperature=0))
+    assert small.stats.num_preemptions > 0
+    assert [o.token_ids for o in outs] == ref
