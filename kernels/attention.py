@@ -244,9 +244,7 @@ def _paged_attention_kernel(
     for kv_start in range(ctx_start, ctx_len, BLOCK_N):
         offs_n = kv_start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
         kv_valid = offs_n < ctx_len
-        block_ids = tl.load(
-            block_table_row + offs_n // CACHE_BLOCK_SIZE, mask=kv_valid, other=0
-        ).to(tl.int64)
+        block_ids = tl.load(block_table_row + offs_n // CACHE_BLOCK_SIZE, mask=kv_valid, other=0).to(tl.int64)
         cache_offs = (
             block_ids * cache_stride_b
             + (offs_n % CACHE_BLOCK_SIZE) * cache_stride_s
@@ -573,9 +571,7 @@ def _check_args(
             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
     if tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
-        raise ValueError(
-            f"cache [.., .., Hkv, D] = {tuple(k_cache.shape)} does not match k {tuple(k.shape)}"
-        )
+        raise ValueError(f"cache [.., .., Hkv, D] = {tuple(k_cache.shape)} does not match k {tuple(k.shape)}")
     dtypes = {t.dtype for t in (q, k, v, k_cache, v_cache)}
     if len(dtypes) != 1 or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"q, k, v, k_cache, v_cache must share one float dtype, got {dtypes}")
@@ -597,14 +593,15 @@ def _check_args(
     ):
         if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
             raise ValueError(
-                f"{name} must be a contiguous {dtype} tensor of shape {shape}, "
-                f"got {t.dtype} {tuple(t.shape)}"
+                f"{name} must be a contiguous {dtype} tensor of shape {shape}, got {t.dtype} {tuple(t.shape)}"
             )
     if (mask is None) != (mask_start_loc is None):
         raise ValueError("mask and mask_start_loc must be given together (see pack_masks)")
     if mask is not None and mask_start_loc is not None:
         if mask.dim() != 1 or mask.dtype != torch.bool or not mask.is_contiguous():
-            raise ValueError(f"mask must be a packed contiguous 1-D bool tensor, got {mask.dtype} {tuple(mask.shape)}")
+            raise ValueError(
+                f"mask must be a packed contiguous 1-D bool tensor, got {mask.dtype} {tuple(mask.shape)}"
+            )
         if tuple(mask_start_loc.shape) != (num_seqs + 1,) or mask_start_loc.dtype != torch.int64:
             raise ValueError(
                 f"mask_start_loc must be int64 [S + 1 = {num_seqs + 1}], got "

@@ -157,4 +157,3 @@ def store_kv_cache(
         store_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping)
     else:
         store_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
-

@@ -173,9 +173,7 @@ def rejection_sample_triton(
     num_drafts_total, vocab_size = target_probs.shape
     device = target_probs.device
 
-    output = torch.full(
-        (num_seqs, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device
-    )
+    output = torch.full((num_seqs, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
     if num_seqs == 0:
         return output
     recovered = torch.empty(num_drafts_total, dtype=torch.int64, device=device)  # [N]
@@ -268,9 +266,7 @@ def rejection_sample_ref(
     num_accepted = num_drafts.clone()  # [S]
     num_accepted.scatter_reduce_(0, seq_of[~accepted], pos[~accepted], reduce="amin")
 
-    output = torch.full(
-        (num_seqs, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device
-    )
+    output = torch.full((num_seqs, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
     kept = pos < num_accepted[seq_of]  # [N]
     output[seq_of[kept], pos[kept]] = draft_token_ids[kept]
     any_rejected = num_accepted < num_drafts  # [S]

@@ -19,6 +19,8 @@ from flexspec.engine.scheduler import Scheduler, SchedulerOutput
 from flexspec.engine.sequence import Sequence, TokenLogprob
 from flexspec.errors import ContextLengthExceededError, InvalidRequestError
 from flexspec.models.spec import ModelSpec
+from flexspec.spec.metrics import SpecDecodingMetrics
+from flexspec.spec.policy import SpeculationPolicy
 
 
 @dataclass
@@ -52,6 +54,9 @@ class LLMEngine:
         self.detok: dict[str, IncrementalDetokenizer] = {}
         self.stats = EngineStats()
         self._rng = random.Random(config.seed)
+        self.spec_metrics = SpecDecodingMetrics()
+        self.policy = SpeculationPolicy(config) if config.speculative_config is not None else None
+        self._finished_seq_ids: list[int] = []
         self._ids = itertools.count()
 
     # ---- requests -----------------------------------------------------------------------------------------
@@ -107,6 +112,7 @@ class LLMEngine:
         self.detok.pop(request_id, None)
         if seq is not None:
             self.scheduler.finish(seq, "abort")
+            self._finished_seq_ids.append(seq.seq_id)
 
     @property
     def has_unfinished(self) -> bool:
@@ -128,6 +134,10 @@ class LLMEngine:
             inp.block_tables.append(seq.block_table)
             inp.context_lens.append(start)
             inp.query_lens.append(s.num_new_tokens)
+            inp.seq_ids.append(seq.seq_id)
+            inp.num_draft_tokens.append(s.num_draft_tokens)
+            inp.samples.append(s.samples)
+            inp.max_lens.append(min(seq.num_prompt_tokens + seq.params.max_tokens, self.config.max_model_len))
             if s.samples:
                 p = seq.params
                 for j in range(s.num_draft_tokens + 1):
@@ -136,6 +146,8 @@ class LLMEngine:
                 if p.logprobs is not None:
                     num_logprobs = max(num_logprobs or 0, p.logprobs)
         inp.num_logprobs = num_logprobs
+        inp.num_speculative_tokens = self.policy.num_speculative_tokens(sched) if self.policy else 0
+        inp.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
         return inp
 
     def step(self) -> list[RequestOutput]:
@@ -151,20 +163,31 @@ class LLMEngine:
         out = self.executor.execute(inp)
         self.stats.num_steps += 1
         outputs: list[RequestOutput] = []
-        row = 0
+        i = 0
         for s in sched.scheduled:
             seq = s.seq
             samples = s.samples
-            seq.num_computed_tokens += s.num_new_tokens
             if not samples:
+                seq.num_computed_tokens += s.num_new_tokens
                 continue
-            tok = out.token_ids[row]
-            lp = None
+            tokens = out.token_ids[i]
+            accepted = len(tokens) - 1
+            if accepted > s.num_draft_tokens:
+                raise RuntimeError(f"executor emitted {len(tokens)} tokens for {s.num_draft_tokens} drafts")
+            self.spec_metrics.observe(s.num_draft_tokens, accepted)
+            # K/V of rejected drafts stay in the cache but are overwritten: only accepted positions count.
+            seq.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens + accepted
+            lps = None
             if out.logprobs is not None and seq.params.logprobs is not None:
-                top = out.top_logprobs[row][: seq.params.logprobs] if out.top_logprobs else []
-                lp = [TokenLogprob(tok, out.logprobs[row], top)]
-            row += 1
-            outputs.append(self.append_tokens(seq, [tok], lp))
+                n = seq.params.logprobs
+                lps = [
+                    TokenLogprob(t, lp, top[:n])
+                    for t, lp, top in zip(tokens, out.logprobs[i], out.top_logprobs[i])  # type: ignore[index]
+                ]
+            drafts = out.draft_token_ids[i] if out.draft_token_ids is not None else []
+            i += 1
+            outputs.append(self.append_tokens(seq, tokens, lps))
+            seq.draft_token_ids = [] if seq.is_finished else list(drafts)
         return outputs
 
     def append_tokens(
@@ -202,6 +225,7 @@ class LLMEngine:
         seq.output_text = detok.text
         if reason is not None:
             self.scheduler.finish(seq, reason)
+            self._finished_seq_ids.append(seq.seq_id)
             self.seqs.pop(seq.request_id, None)
             self.detok.pop(seq.request_id, None)
         # Stream only text that can no longer become the start of a stop string.

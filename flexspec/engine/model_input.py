@@ -19,6 +19,13 @@ class ModelInput:
     sampling_rows: list[tuple[float, float, int, int, int]] = field(default_factory=list)  # [N] (T, p, k, seed, off)
     num_logprobs: int | None = None  # max top-logprobs over rows; None = no logprobs
     capture_layers: tuple[int, ...] = ()  # target layers whose outputs the drafter needs
+    # Speculative decoding (ignored without a drafter).
+    seq_ids: list[int] = field(default_factory=list)  # [S]
+    num_draft_tokens: list[int] = field(default_factory=list)  # [S] trailing draft tokens verified now
+    samples: list[bool] = field(default_factory=list)  # [S] the step emits tokens for this sequence
+    max_lens: list[int] = field(default_factory=list)  # [S] min(prompt + max_tokens, max_model_len)
+    num_speculative_tokens: int = 0  # drafts to propose for the next step (0 = speculation off)
+    finished_seq_ids: list[int] = field(default_factory=list)  # drafter state to free
 
     @property
     def num_tokens(self) -> int:
@@ -31,8 +38,12 @@ class ModelInput:
 
 @dataclass
 class ModelOutput:
-    """Rank 0's answer: one sampled token per logits row (+ logprobs if asked)."""
+    """Rank 0's answer, per sequence that emitted tokens this step (in batch order).
 
-    token_ids: list[int]  # [N]
-    logprobs: list[float] | None = None  # [N]
-    top_logprobs: list[list[tuple[int, float]]] | None = None  # [N][k]
+    Plain decoding emits one token per sequence; speculative decoding emits accepted drafts + 1.
+    """
+
+    token_ids: list[list[int]]  # [S_emit][num_emitted]
+    logprobs: list[list[float]] | None = None  # [S_emit][num_emitted]
+    top_logprobs: list[list[list[tuple[int, float]]]] | None = None  # [S_emit][num_emitted][k]
+    draft_token_ids: list[list[int]] | None = None  # [S_emit][k] drafts for the next step

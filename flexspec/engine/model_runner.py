@@ -74,6 +74,11 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-config.max_model_len // self.block_size)
         self.num_kv_blocks = 0
         self.graphs: DecodeGraphs | None = None
+        self.spec_worker = None
+        if config.speculative_config is not None:
+            from flexspec.spec.spec_worker import SpecDecodeWorker
+
+            self.spec_worker = SpecDecodeWorker(self, config.speculative_config)
 
     # ---- memory -------------------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -81,8 +86,13 @@ class ModelRunner:
         return per_layer * torch.finfo(self.dtype).bits // 8
 
     def allocate_kv_cache(self, reserved_bytes: int = 0) -> int:
-        """Size the KV cache from the memory budget and bind it to every attention layer. Returns blocks."""
+        """Size the KV cache from the memory budget and bind it to every attention layer. Returns blocks.
+
+        The drafter's weights and buffers are counted against the same budget.
+        """
         cfg = self.config
+        if self.spec_worker is not None:
+            reserved_bytes += self.spec_worker.drafter.memory_bytes()
         per_block = self.kv_bytes_per_block()
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
@@ -106,6 +116,8 @@ class ModelRunner:
             a.k_cache = torch.zeros(shape_of(a), dtype=self.dtype, device=self.device)
             a.v_cache = torch.zeros(shape_of(a), dtype=self.dtype, device=self.device)
         self.num_kv_blocks = num_blocks
+        if self.spec_worker is not None:
+            self.spec_worker.drafter.allocate(num_blocks)
         if self.device.type == "cuda" and not cfg.enforce_eager:
             self.graphs = DecodeGraphs(self, cfg.cuda_graph_batch_sizes)
         return num_blocks
@@ -161,15 +173,32 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, inp: ModelInput) -> ModelOutput | None:
-        """Forward + sampling. Every rank runs the forward; rank 0 samples and returns the tokens."""
+        """Forward + sampling (or verification + drafting). Every rank runs the forward; rank 0 returns."""
+        if self.spec_worker is not None:
+            return self.spec_worker.execute(inp)
         logits, _ = self.forward(inp)
         if not self.tp.is_first:
             return None
         meta = SamplingMetadata.build(inp.sampling_rows, self.device, inp.num_logprobs)
         tokens = sample(logits, meta)
-        out = ModelOutput(token_ids=tokens.tolist())
+        out = ModelOutput(token_ids=[[t] for t in tokens.tolist()])
         if inp.num_logprobs is not None:
-            chosen, top_vals, top_ids = compute_logprobs(logits, tokens, inp.num_logprobs)
-            out.logprobs = chosen.tolist()
-            out.top_logprobs = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
+            self.attach_logprobs(out, logits, list(range(len(out.token_ids))), inp.num_logprobs)
         return out
+
+    def attach_logprobs(self, out: ModelOutput, logits: torch.Tensor, first_rows: list[int], num_top: int) -> None:
+        """Fill ``out.logprobs`` / ``out.top_logprobs``: emitted token j of sequence i was chosen from logits
+        row ``first_rows[i] + j`` (logits [N, V])."""
+        rows = [r0 + j for r0, toks in zip(first_rows, out.token_ids) for j in range(len(toks))]
+        flat = [t for toks in out.token_ids for t in toks]
+        idx = torch.tensor(rows, device=logits.device)
+        chosen, top_vals, top_ids = compute_logprobs(
+            logits[idx], torch.tensor(flat, device=logits.device), num_top
+        )
+        chosen_l, vals_l, ids_l = chosen.tolist(), top_vals.tolist(), top_ids.tolist()
+        out.logprobs, out.top_logprobs = [], []
+        k = 0
+        for toks in out.token_ids:
+            out.logprobs.append(chosen_l[k : k + len(toks)])
+            out.top_logprobs.append([list(zip(ids_l[r], vals_l[r])) for r in range(k, k + len(toks))])
+            k += len(toks)

@@ -12,12 +12,18 @@ import sys
 os.environ.setdefault("TRITON_INTERPRET", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
 
-import kernels.attention as attention  # noqa: E402
-from kernels import pack_masks, paged_attention_ref, paged_attention_triton, rejection_sample, store_kv_cache  # noqa: E402
+from kernels import (
+    attention,
+    pack_masks,
+    paged_attention_ref,
+    paged_attention_triton,
+    rejection_sample,
+    store_kv_cache,
+)
 
 DEV = "cuda"
 
@@ -42,24 +48,24 @@ def make_batch(ctx_lens, new_lens, hq, hkv, d, block_size=16, dtype=torch.bfloat
     if tree_mask:
         masks = [(torch.rand(n, n) < 0.5).tril() | torch.eye(n, dtype=torch.bool) for n in new_lens]
         mask, mask_start_loc = (x.to(DEV) for x in pack_masks(masks))
-    return dict(
-        q=torch.randn(t, hq, d, device=DEV, dtype=dtype),
-        k=torch.randn(t, hkv, d, device=DEV, dtype=dtype),
-        v=torch.randn(t, hkv, d, device=DEV, dtype=dtype),
-        k_cache=k_cache,
-        v_cache=v_cache,
-        block_tables=block_tables,
-        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=DEV),
-        query_start_loc=qsl.to(DEV),
-        positions=positions.to(DEV),
-        scale=d**-0.5,
-        mask=mask,
-        mask_start_loc=mask_start_loc,
-    )
+    return {
+        "q": torch.randn(t, hq, d, device=DEV, dtype=dtype),
+        "k": torch.randn(t, hkv, d, device=DEV, dtype=dtype),
+        "v": torch.randn(t, hkv, d, device=DEV, dtype=dtype),
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "block_tables": block_tables,
+        "context_lens": torch.tensor(ctx_lens, dtype=torch.int32, device=DEV),
+        "query_start_loc": qsl.to(DEV),
+        "positions": positions.to(DEV),
+        "scale": d**-0.5,
+        "mask": mask,
+        "mask_start_loc": mask_start_loc,
+    }
 
 
 def bench_attention(name, b, max_query_len, flops=None, sdpa=None, check=True, **kw):
-    fn = lambda: paged_attention_triton(**b, max_query_len=max_query_len, **kw)  # noqa: E731
+    fn = lambda: paged_attention_triton(**b, max_query_len=max_query_len, **kw)
     ms = do_bench(fn, warmup=50, rep=200)
     hkv, d = b["k"].shape[1:]
     kv_bytes = (int(b["context_lens"].sum()) + b["k"].shape[0]) * hkv * d * 2 * b["k"].element_size()
@@ -81,15 +87,18 @@ def main():
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     hq, hkv, d = 32, 8, 128
 
-    bench_attention("decode  S=128 ctx=4096 (bf16, D128, G4)", make_batch([4096] * 128, [1] * 128, hq, hkv, d), 1)
-    bench_attention("decode  S=32  ctx=16384", make_batch([16384] * 32, [1] * 32, hq, hkv, d), 1, check=False)
-    bench_attention("decode  S=256 ctx=1024", make_batch([1024] * 256, [1] * 256, hq, hkv, d), 1)
-    bench_attention("verify  S=64 n=8 ctx=2048 tree mask", make_batch([2048] * 64, [8] * 64, hq, hkv, d, tree_mask=True), 8)
-    bench_attention("verify  S=64 n=8 ctx=2048 causal", make_batch([2048] * 64, [8] * 64, hq, hkv, d), 8)
+    def batch(ctx, new, **kw):
+        return make_batch(ctx, new, kw.pop("hq", hq), kw.pop("hkv", hkv), kw.pop("d", d), **kw)
+
+    bench_attention("decode  S=128 ctx=4096 (bf16, D128, G4)", batch([4096] * 128, [1] * 128), 1)
+    bench_attention("decode  S=32  ctx=16384", batch([16384] * 32, [1] * 32), 1, check=False)
+    bench_attention("decode  S=256 ctx=1024", batch([1024] * 256, [1] * 256), 1)
+    bench_attention("verify  S=64 n=8 ctx=2048 tree mask", batch([2048] * 64, [8] * 64, tree_mask=True), 8)
+    bench_attention("verify  S=64 n=8 ctx=2048 causal", batch([2048] * 64, [8] * 64), 8)
     n = 2048
     b = make_batch([0], [n], hq, hkv, d)
     q4, k4, v4 = (b[x].transpose(0, 1)[None] for x in ("q", "k", "v"))
-    sdpa = lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)  # noqa: E731
+    sdpa = lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
     causal_flops = 4 * n * n * d * hq / 2
     bench_attention("prefill n=2048 ctx=0 causal", b, n, causal_flops, sdpa)
     b = make_batch([4096], [n], hq, hkv, d)
@@ -98,21 +107,22 @@ def main():
     bench_attention("mixed: 1 prefill 2048 + 63 decodes", b, 2048)
     bench_attention("mixed, hint None", b, None)
     for dd in (64, 256):
-        bench_attention(f"decode  S=128 ctx=4096 D={dd}", make_batch([4096] * 128, [1] * 128, hq, hkv, dd), 1)
+        bench_attention(f"decode  S=128 ctx=4096 D={dd}", batch([4096] * 128, [1] * 128, d=dd), 1)
         bb = make_batch([0], [n], hq, hkv, dd)
         bench_attention(f"prefill n=2048 D={dd}", bb, n, 4 * n * n * dd * hq / 2)
     bench_attention("prefill sliding_window=256 softcap=50", make_batch([1024], [n], hq, hkv, d), n,
                     sliding_window=256, logits_soft_cap=50.0)  # fmt: skip
-    bench_attention("decode fp32 S=8 ctx=1000", make_batch([1000] * 8, [1] * 8, hq, hkv, d, dtype=torch.float32), 1)
+    bench_attention("decode fp32 S=8 ctx=1000", batch([1000] * 8, [1] * 8, dtype=torch.float32), 1)
 
     if "--sweep" in sys.argv:
         orig = attention._launch_config
         for label, b, mql in (
-            ("verify S=64 n=8", make_batch([2048] * 64, [8] * 64, hq, hkv, d, tree_mask=True), 8),
+            ("verify S=64 n=8", batch([2048] * 64, [8] * 64, tree_mask=True), 8),
             ("prefill 2048", make_batch([0], [n], hq, hkv, d), n),
         ):
-            for bm, bn, nw in [(16, 32, 4), (16, 64, 4), (16, 128, 4), (32, 64, 4), (64, 64, 4), (64, 32, 4),
-                               (128, 64, 8), (128, 64, 4), (128, 32, 4), (64, 128, 8), (128, 128, 8)]:  # fmt: skip
+            configs = [(16, 32, 4), (16, 64, 4), (16, 128, 4), (32, 64, 4), (64, 64, 4), (64, 32, 4)]
+            configs += [(128, 64, 8), (128, 64, 4), (128, 32, 4), (64, 128, 8), (128, 128, 8)]
+            for bm, bn, nw in configs:
                 if bm < hq // hkv:
                     continue
                 attention._launch_config = lambda *a, bm=bm, bn=bn, nw=nw: (bm, bm // (hq // hkv), bn, nw)
@@ -132,8 +142,9 @@ def main():
         torch.rand(s * k, device=DEV), torch.empty_like(p).exponential_(), qd,
     )  # fmt: skip
     for be in ("triton", "torch"):
-        ms = do_bench(lambda: rejection_sample(*args, max_spec_len=k, backend=be), warmup=10, rep=100)
-        print(f"rejection_sample {be:6s} S=256 k=4 V=151936  {ms * 1e3:9.1f} us  {3 * p.numel() * 4 / ms / 1e9:5.2f} TB/s")
+        ms = do_bench(lambda be=be: rejection_sample(*args, max_spec_len=k, backend=be), warmup=10, rep=100)
+        tbps = 3 * p.numel() * 4 / ms / 1e9  # p, q and noise read once
+        print(f"rejection_sample {be:6s} S=256 k=4 V=151936  {ms * 1e3:9.1f} us  {tbps:5.2f} TB/s")
     out_t = rejection_sample(*args, max_spec_len=k, backend="triton")
     out_r = rejection_sample(*args, max_spec_len=k, backend="torch")
     print("rejection triton == torch:", torch.equal(out_t, out_r))
@@ -144,7 +155,8 @@ def main():
     vc = torch.zeros_like(kc)
     slots = torch.randperm(kc.shape[0] * 16, device=DEV)[:t]
     ms = do_bench(lambda: store_kv_cache(key, key, kc, vc, slots), warmup=10, rep=100)
-    print(f"store_kv_cache T=8192 Hkv=8 D=128 bf16     {ms * 1e3:9.1f} us  {4 * key.numel() * 2 / ms / 1e9:5.2f} TB/s")
+    tbps = 4 * key.numel() * 2 / ms / 1e9  # K, V read and written
+    print(f"store_kv_cache T=8192 Hkv=8 D=128 bf16     {ms * 1e3:9.1f} us  {tbps:5.2f} TB/s")
 
 
 if __name__ == "__main__":

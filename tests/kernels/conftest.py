@@ -1,16 +1,18 @@
 """Shared setup for the kernel tests.
 
-Triton kernels run on CPU only under its interpreter, and the interpreter is chosen when
-``triton`` is first imported, so the variable must be set before any test module imports
-``kernels``. ``setdefault`` keeps a real GPU run (``TRITON_INTERPRET=0``) possible.
+Triton kernels run on CPU only under Triton's interpreter, which is chosen when ``triton`` is first
+imported, so the variable is set here, before any test module imports ``kernels``. Where a GPU is
+visible the kernels are compiled for it instead (run with ``TRITON_INTERPRET=0`` to be explicit).
 """
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
 
 
 @pytest.fixture

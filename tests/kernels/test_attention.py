@@ -61,20 +61,20 @@ def _make_batch(
     def rnd(*shape):
         return torch.randn(*shape, generator=g).to(device, dtype)
 
-    return dict(
-        q=rnd(num_tokens, num_q_heads, head_dim),
-        k=rnd(num_tokens, num_kv_heads, head_dim),
-        v=rnd(num_tokens, num_kv_heads, head_dim),
-        k_cache=k_cache.to(device, dtype),
-        v_cache=v_cache.to(device, dtype),
-        block_tables=block_tables.to(device),
-        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),
-        query_start_loc=query_start_loc.to(device),
-        positions=positions.to(device),
-        scale=head_dim**-0.5,
-        mask=mask,
-        mask_start_loc=mask_start_loc,
-    )
+    return {
+        "q": rnd(num_tokens, num_q_heads, head_dim),
+        "k": rnd(num_tokens, num_kv_heads, head_dim),
+        "v": rnd(num_tokens, num_kv_heads, head_dim),
+        "k_cache": k_cache.to(device, dtype),
+        "v_cache": v_cache.to(device, dtype),
+        "block_tables": block_tables.to(device),
+        "context_lens": torch.tensor(ctx_lens, dtype=torch.int32, device=device),
+        "query_start_loc": query_start_loc.to(device),
+        "positions": positions.to(device),
+        "scale": head_dim**-0.5,
+        "mask": mask,
+        "mask_start_loc": mask_start_loc,
+    }
 
 
 def _naive_attention(b, sliding_window=None, logits_soft_cap=None):
@@ -135,8 +135,8 @@ def _call(fn, b, **kw):
     [
         ([5, 0, 9], [3, 1, 6], "causal", {}),
         ([5, 0, 9], [3, 2, 6], "random", {}),
-        ([11, 3], [4, 5], "causal", dict(sliding_window=4)),
-        ([11, 3], [4, 5], "random", dict(sliding_window=6, logits_soft_cap=1.5)),
+        ([11, 3], [4, 5], "causal", {"sliding_window": 4}),
+        ([11, 3], [4, 5], "random", {"sliding_window": 6, "logits_soft_cap": 1.5}),
         ([0, 7], [2, 0], [torch.zeros(2, 2, dtype=torch.bool), torch.zeros(0, 0, dtype=torch.bool)], {}),
     ],
 )
@@ -164,18 +164,18 @@ def test_no_visible_key_gives_zeros(device):
 
 CASES = {
     # name: (ctx_lens, new_lens, batch kwargs, attention kwargs)
-    "decode_gqa4": ([0, 1, 7, 16, 33, 5], [1] * 6, dict(num_q_heads=8, num_kv_heads=2), {}),
-    "decode_mha": ([3, 9, 17], [1, 1, 1], dict(num_q_heads=2, num_kv_heads=2), {}),
+    "decode_gqa4": ([0, 1, 7, 16, 33, 5], [1] * 6, {"num_q_heads": 8, "num_kv_heads": 2}, {}),
+    "decode_mha": ([3, 9, 17], [1, 1, 1], {"num_q_heads": 2, "num_kv_heads": 2}, {}),
     "prefill": ([0, 0], [17, 5], {}, {}),
-    "chunked_prefill": ([20], [40], dict(block_size=16), {}),
+    "chunked_prefill": ([20], [40], {"block_size": 16}, {}),
     "mixed_zero_len_seq": ([12, 4, 0, 30], [1, 0, 9, 3], {}, {}),
-    "verify_tree_mask": ([9, 14], [5, 4], dict(masks="random"), {}),
-    "gqa3_non_pow2_group": ([6, 2], [3, 4], dict(num_q_heads=6, num_kv_heads=2), {}),
-    "block_size_3": ([10, 5], [2, 3], dict(block_size=3), {}),
-    "sliding_window": ([150, 9], [3, 12], dict(block_size=16), dict(sliding_window=10)),
-    "long_prefill_window": ([0, 4], [150, 2], {}, dict(sliding_window=20)),
-    "window_and_mask": ([70], [6], dict(masks="random"), dict(sliding_window=9)),
-    "soft_cap": ([13, 2], [2, 5], {}, dict(logits_soft_cap=2.0)),
+    "verify_tree_mask": ([9, 14], [5, 4], {"masks": "random"}, {}),
+    "gqa3_non_pow2_group": ([6, 2], [3, 4], {"num_q_heads": 6, "num_kv_heads": 2}, {}),
+    "block_size_3": ([10, 5], [2, 3], {"block_size": 3}, {}),
+    "sliding_window": ([150, 9], [3, 12], {"block_size": 16}, {"sliding_window": 10}),
+    "long_prefill_window": ([0, 4], [150, 2], {}, {"sliding_window": 20}),
+    "window_and_mask": ([70], [6], {"masks": "random"}, {"sliding_window": 9}),
+    "soft_cap": ([13, 2], [2, 5], {}, {"logits_soft_cap": 2.0}),
 }
 
 
@@ -264,3 +264,20 @@ def test_triton_rejects_non_pow2_head_dim():
     paged_attention_ref(**b)  # the reference handles any head_dim
     with pytest.raises(ValueError, match="power-of-two"):
         paged_attention_triton(**b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masks", ["causal", "random"])
+def test_realistic_mixed_batch_on_gpu(masks):
+    """bf16, D=128, GQA 32/8, block_size 16: long-context decodes, verify groups and a 512-token
+    chunk in one batch, compiled for the GPU."""
+    ctx_lens, new_lens = [1000, 3000, 17, 0, 2048, 700], [1, 1, 8, 512, 8, 1]
+    b = _make_batch(
+        ctx_lens, new_lens, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
+        dtype=torch.bfloat16, masks=masks, device="cuda",
+    )  # fmt: skip
+    for kw in ({}, {"sliding_window": 600, "logits_soft_cap": 30.0}):
+        expected = paged_attention_ref(**b, **kw)
+        for max_query_len in (None, 512):
+            got = paged_attention(**b, max_query_len=max_query_len, **kw)  # auto -> Triton on CUDA
+            torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)

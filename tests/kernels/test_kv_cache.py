@@ -76,7 +76,8 @@ def test_strided_key_value(device):
 def test_empty_batch(device):
     key = torch.zeros(0, 2, 16, device=device)
     k_cache = torch.zeros(1, 4, 2, 16, device=device)
-    store_kv_cache_triton(key, key, k_cache, k_cache.clone(), torch.zeros(0, dtype=torch.int64, device=device))
+    slots = torch.zeros(0, dtype=torch.int64, device=device)
+    store_kv_cache_triton(key, key, k_cache, k_cache.clone(), slots)
 
 
 def test_dispatch():
@@ -101,7 +102,7 @@ def test_dispatch():
 )
 def test_bad_arguments_raise(mutate, match):
     key, value, k_cache, v_cache, slots = _case(4, 2, 16, 2, 4, torch.float32, "cpu")
-    args = dict(key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots)
+    args = {"key": key, "value": value, "k_cache": k_cache, "v_cache": v_cache, "slot_mapping": slots}
     mutate(args)
     for fn in (store_kv_cache_ref, store_kv_cache_triton):
         with pytest.raises(ValueError, match=match):

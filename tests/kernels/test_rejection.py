@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-import kernels.rejection as rejection
-from kernels import num_emitted, rejection_sample, rejection_sample_ref, rejection_sample_triton
+from kernels import num_emitted, rejection, rejection_sample, rejection_sample_ref, rejection_sample_triton
 
 BACKENDS = ["torch", "triton"]
 
@@ -156,7 +155,9 @@ def _random_batch(num_drafts, vocab, seed, device, with_draft_probs):
 @pytest.mark.parametrize("with_draft_probs", [True, False])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_triton_matches_reference(seed, with_draft_probs, device):
-    args = _random_batch([3, 0, 5, 1, 4, 2, 5, 0], vocab=37, seed=seed, device=device, with_draft_probs=with_draft_probs)
+    args = _random_batch(
+        [3, 0, 5, 1, 4, 2, 5, 0], vocab=37, seed=seed, device=device, with_draft_probs=with_draft_probs
+    )
     expected = rejection_sample_ref(*args)
     got = rejection_sample_triton(*args)
     assert torch.equal(got, expected)
@@ -170,8 +171,9 @@ def test_bad_arguments_raise():
     for fn in (rejection_sample_ref, rejection_sample_triton):
         with pytest.raises(ValueError, match="cu_num_draft_tokens"):
             fn(*args)
+    args = _random_batch([1], vocab=5, seed=0, device="cpu", with_draft_probs=True)
     with pytest.raises(ValueError, match="backend"):
-        rejection_sample(*_random_batch([1], vocab=5, seed=0, device="cpu", with_draft_probs=True), backend="gpu")
+        rejection_sample(*args, backend="gpu")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,3 +235,11 @@ def test_distribution_test_detects_wrong_residual(deterministic, monkeypatch):
     counts = _first_token_histogram(20000, "torch", "cpu", deterministic)
     stat, ok = _chi_square(counts)
     assert not ok and stat > 10 * CHI2_CRITICAL_DF7_P1E3, stat
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_draft_probs", [True, False])
+def test_triton_matches_reference_large_vocab_on_gpu(with_draft_probs):
+    num_drafts = [5, 0, 3, 5, 1] * 13
+    args = _random_batch(num_drafts, vocab=32000, seed=3, device="cuda", with_draft_probs=with_draft_probs)
+    assert torch.equal(rejection_sample(*args), rejection_sample_ref(*args))  # auto -> Triton on CUDA

@@ -1,0 +1,207 @@
+"""EngineController: one replica's scheduling loop around an ``LLMEngine``, with asyncio streams per request.
+
+The engine is single-threaded and stepping blocks for a whole forward, so it lives on one background thread
+that alone touches it: requests and aborts arrive through a thread-safe inbox, outputs leave through each
+caller's asyncio queue (``loop.call_soon_threadsafe``). Each loop iteration:
+
+    drain inbox (add / abort)  ->  policy.choose(batch)  ->  engine.step(...)  ->  route outputs to streams
+
+``policy.choose`` is THE place where the execution mode of a batch is decided (``cluster/policy.py``); the
+decision rides in the step's ``ModelInput`` to every TP rank. A caller that stops listening (client gone,
+request cancelled) aborts its requests, which frees their sequences and KV blocks in the next iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.errors import EngineDeadError
+from cluster.policy import BatchView, DefaultExecutionPolicy, ExecutionDecision, ExecutionPolicy
+from configs.sampling import SamplingParams
+from flexspec.engine.outputs import RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineSnapshot:
+    """Engine state read by metrics and health checks (updated by the loop thread, read by anyone)."""
+
+    num_requests_running: int = 0
+    num_requests_waiting: int = 0
+    kv_cache_usage: float = 0.0  # [0, 1]
+    num_preemptions: int = 0
+    num_steps_by_mode: dict[str, int] = field(default_factory=dict)
+    step_seconds_by_mode: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Stream:
+    """Where one caller's outputs go: an asyncio queue on the caller's event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+    def put(self, item: object) -> bool:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            return True
+        except RuntimeError:  # the caller's loop is closed: nobody listens any more
+            return False
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stream: _Stream
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class EngineController:
+    """Owns ``engine`` and the thread that steps it.
+
+    Args:
+        engine: an ``LLMEngine`` (or anything with its add_request / abort / step / has_unfinished API).
+        policy: chooses each step's execution mode; default: ``DefaultExecutionPolicy`` of the engine's
+            ``speculative_config``.
+    """
+
+    def __init__(self, engine: Any, policy: ExecutionPolicy | None = None) -> None:
+        self.engine = engine
+        self.policy = policy or DefaultExecutionPolicy(getattr(engine.config, "speculative_config", None))
+        # Until LLMEngine.step takes the decision, the controller still decides once per step (metrics, logs).
+        self._step_takes_decision = "decision" in inspect.signature(engine.step).parameters
+        self._inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}  # loop thread only
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.error: BaseException | None = None
+        self.snapshot = EngineSnapshot()
+
+    # ---- lifecycle ------------------------------------------------------------------------------------------
+    def start(self) -> "EngineController":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
+    # ---- callers (any asyncio loop) -------------------------------------------------------------------------
+    async def generate(self, requests: list[tuple[str, list[int], SamplingParams]]) -> AsyncIterator[RequestOutput]:
+        """Run ``(request_id, prompt_token_ids, params)`` requests together; yield their outputs as they come.
+
+        Ends when every request finished. Raises the engine's typed error (e.g. ``ContextLengthExceededError``)
+        if a request is rejected, ``EngineDeadError`` if the loop died. Leaving early (``aclose``, cancellation)
+        aborts the unfinished requests.
+        """
+        if not self.healthy:
+            raise EngineDeadError(f"engine loop is not running: {self.error!r}")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        unfinished = {rid for rid, _, _ in requests}
+        for rid, ids, params in requests:
+            self._inbox.put(_Add(rid, ids, params, stream))
+        try:
+            while unfinished:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    unfinished.discard(item.request_id)
+                yield item
+        finally:
+            for rid in unfinished:
+                self._inbox.put(_Abort(rid))
+
+    # ---- loop thread ----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while not self._stop.is_set():
+                self._drain(block=not engine.has_unfinished)
+                if not engine.has_unfinished:
+                    continue
+                decision = self.policy.choose(self._batch_view())
+                t0 = time.perf_counter()
+                outputs = engine.step(decision=decision) if self._step_takes_decision else engine.step()
+                self._record_step(decision, time.perf_counter() - t0)
+                for out in outputs:
+                    stream = self._streams.get(out.request_id)
+                    if out.finished:
+                        self._streams.pop(out.request_id, None)
+                    if stream is not None and not stream.put(out):
+                        engine.abort(out.request_id)
+                self._update_snapshot()
+        except BaseException as e:  # noqa: BLE001 - a failed step fails every request on this replica
+            log.exception("engine loop died")
+            self.error = e
+            dead = EngineDeadError(f"engine failed: {type(e).__name__}: {e}")
+            for stream in self._streams.values():
+                stream.put(dead)
+            self._streams.clear()
+            while True:  # fail requests that arrived after the crash too
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, _Add):
+                    item.stream.put(dead)
+
+    def _drain(self, block: bool) -> None:
+        """Apply queued adds/aborts; when idle, wait for the next one."""
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(item, _Add):
+                try:
+                    self.engine.add_request(item.prompt_token_ids, item.params, request_id=item.request_id)
+                    self._streams[item.request_id] = item.stream
+                except Exception as e:  # noqa: BLE001 - typed errors (400s) go back to the caller
+                    item.stream.put(e)
+            elif isinstance(item, _Abort):
+                self._streams.pop(item.request_id, None)
+                self.engine.abort(item.request_id)
+            try:
+                item = self._inbox.get_nowait()  # None (stop sentinel) falls through both branches
+            except queue.Empty:
+                break
+        self._update_snapshot()
+
+    def _batch_view(self) -> BatchView:
+        s = self.engine.scheduler
+        return BatchView(len(s.running), len(s.waiting), self.engine.block_manager.usage)
+
+    def _record_step(self, decision: ExecutionDecision, seconds: float) -> None:
+        snap = self.snapshot
+        snap.num_steps_by_mode[decision.mode] = snap.num_steps_by_mode.get(decision.mode, 0) + 1
+        snap.step_seconds_by_mode[decision.mode] = snap.step_seconds_by_mode.get(decision.mode, 0.0) + seconds
+
+    def _update_snapshot(self) -> None:
+        s = self.engine.scheduler
+        snap = self.snapshot
+        snap.num_requests_running = len(s.running)
+        snap.num_requests_waiting = len(s.waiting)
+        snap.kv_cache_usage = self.engine.block_manager.usage
+        snap.num_preemptions = self.engine.stats.num_preemptions

@@ -1,0 +1,267 @@
+"""OpenAIIngress: the HTTP front (FastAPI on Ray Serve) of the OpenAI-compatible API.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (JSON or SSE ``data: {...}`` ... ``data:
+[DONE]``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``. The ingress validates requests (pydantic),
+forwards them to an ``LLMServer`` replica through a streaming deployment handle, and maps every failure to
+OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``: 400 invalid input (also for what
+FastAPI would answer 422), 404 unknown model or route, 413 body too large, 503/429 + ``Retry-After`` when the
+replicas' queues are full, 503 when the engine is down. A client that disconnects cancels its request, which
+aborts the engine sequences and frees their KV blocks.
+
+No ``from __future__ import annotations`` here: Serve rebuilds the route signatures and FastAPI must see real
+types (``Request``), not strings.
+"""
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+from ray import serve
+from ray.serve.exceptions import BackPressureError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cluster.errors import OverloadedError, RequestTooLargeError, error_body, error_from_exception, error_from_validation
+from cluster.metrics import ServerMetrics
+from cluster.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
+from configs.serve import ServeArgs
+from flexspec.errors import FlexspecError, InvalidRequestError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+app = FastAPI(title="flexspec", description="OpenAI-compatible API with speculative decoding")
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    err = exc.errors()[0] if exc.errors() else {}
+    param = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or None
+    return JSONResponse(error_body(err.get("msg", "invalid request"), "invalid_request_error", param), 400)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(str(exc.detail), type_, None, exc.status_code), exc.status_code)
+
+
+def _error_response(status: int, body: dict[str, Any], retry_after_s: float | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(int(retry_after_s))} if retry_after_s is not None else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+async def _chain(first: dict[str, Any], gen: Any) -> AsyncIterator[dict[str, Any]]:
+    yield first
+    async for chunk in gen:
+        yield chunk
+
+
+def _merge_choice(acc: dict[str, Any], c: dict[str, Any]) -> None:
+    """Accumulate one streamed choice delta into ``acc`` (text, logprobs, finish_reason)."""
+    if "delta" in c:
+        acc["text"] = acc.get("text", "") + (c["delta"].get("content") or "")
+    else:
+        acc["text"] = acc.get("text", "") + c.get("text", "")
+    lp = c.get("logprobs")
+    if lp is not None:
+        prev = acc.setdefault("logprobs", {})
+        for k, v in lp.items():
+            prev.setdefault(k, []).extend(v)
+    if c.get("finish_reason"):
+        acc["finish_reason"] = c["finish_reason"]
+
+
+def _final_choice(acc: dict[str, Any], chat: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": acc["index"], "logprobs": acc.get("logprobs"),
+                           "finish_reason": acc.get("finish_reason")}
+    if chat:
+        out["message"] = {"role": "assistant", "content": acc.get("text", "")}
+    else:
+        out["text"] = acc.get("text", "")
+    return out
+
+
+@serve.ingress(app)
+class OpenAIIngress:
+    """Args: ``llm``: handle to the ``LLMServer`` deployment; ``args``: the application's ``ServeArgs``."""
+
+    def __init__(self, llm: Any, args: ServeArgs | dict) -> None:
+        self.llm = llm
+        self.args = args if isinstance(args, ServeArgs) else ServeArgs.model_validate(args)
+        self.model_name = self.args.model_name
+        self.metrics = ServerMetrics(self.model_name)
+        self.created = int(time.time())
+
+    # ---- info routes ----------------------------------------------------------------------------------------
+    @app.get("/v1/models")
+    async def models(self) -> dict[str, Any]:
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "flexspec",
+            "root": self.args.engine.model,
+            "max_model_len": self.args.engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health(self) -> Response:
+        """200 when an engine replica answers and its loop runs, else 503."""
+        try:
+            stats = await asyncio.wait_for(self.llm.stats.remote(), timeout=10)
+        except Exception as e:  # noqa: BLE001 - any failure means not ready
+            return _error_response(503, error_body(f"engine unavailable: {type(e).__name__}", "engine_unavailable"))
+        self.metrics.engines.update(stats)
+        if not stats.get("healthy", False):
+            return _error_response(503, error_body("engine loop is not running", "engine_unavailable"))
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus(self) -> Response:
+        try:  # refresh one replica's gauges; the others come with their finished requests
+            self.metrics.engines.update(await asyncio.wait_for(self.llm.stats.remote(), timeout=5))
+        except Exception:  # noqa: BLE001 - scrape must not fail because an engine is busy or restarting
+            log.debug("engine stats unavailable at scrape", exc_info=True)
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    # ---- generation routes ----------------------------------------------------------------------------------
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, ChatCompletionRequest, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, CompletionRequest, "completion")
+
+    async def _generate(self, request: Request, schema: type[_SamplingRequest], method: str) -> Response:
+        tracker = self.metrics.tracker()
+        try:
+            body = await self._read_json(request)
+            req = schema.model_validate(body)
+            if req.model != self.model_name:
+                raise ModelNotFoundError(f"The model '{req.model}' does not exist; this server serves "
+                                         f"'{self.model_name}'.", param="model")
+            req.check_supported()
+            req.sampling_params(max_tokens=req._limit() or 1)  # ranges checked here, before a replica is busy
+        except ValidationError as e:
+            return _error_response(*error_from_validation(e))
+        except FlexspecError as e:
+            return _error_response(*error_from_exception(e))
+
+        gen = getattr(self.llm.options(stream=True), method).remote(body)
+        try:
+            first = await gen.__anext__()
+        except BackPressureError as e:
+            err = OverloadedError(str(e), e.status_code, e.retry_after_s)
+            retry = e.retry_after_s if e.retry_after_s is not None else self.args.deployment.retry_after_s
+            return _error_response(*error_from_exception(err), retry_after_s=retry)
+        except StopAsyncIteration:
+            return _error_response(500, error_body("engine returned no output", "internal_error"))
+        except Exception as e:  # noqa: BLE001 - replica died / unavailable
+            log.warning("engine call failed: %r", e)
+            return _error_response(
+                503, error_body(f"engine unavailable: {type(e).__name__}", "engine_unavailable"),
+                retry_after_s=self.args.deployment.retry_after_s,
+            )
+        if "error" in first:
+            gen.cancel()
+            return _error_response(first["status"], {"error": first["error"]})
+        if req.stream:
+            return StreamingResponse(
+                self._stream(gen, first, req.include_usage, tracker), media_type="text/event-stream"
+            )
+        return await self._collect(gen, first, tracker)
+
+    async def _stream(
+        self, gen: Any, first: dict[str, Any], include_usage: bool, tracker: Any
+    ) -> AsyncIterator[str]:
+        """SSE: every chunk as ``data: {...}``; usage chunk if asked; ``data: [DONE]``."""
+        finished = False
+        reasons: list[str | None] = []
+        try:
+            async for chunk in _chain(first, gen):
+                if "error" in chunk:
+                    yield _sse({"error": chunk["error"]})
+                    break
+                if not chunk["choices"] and "usage" in chunk:
+                    self._usage_chunk(chunk, tracker, reasons)
+                    if include_usage:
+                        yield _sse(chunk)
+                    continue
+                tracker.on_chunk(chunk)
+                reasons += [c["finish_reason"] for c in chunk["choices"] if c.get("finish_reason")]
+                if include_usage:
+                    chunk["usage"] = None
+                yield _sse(chunk)
+            finished = True
+            yield "data: [DONE]\n\n"
+        finally:
+            if not finished:
+                gen.cancel()  # client went away: the replica aborts the sequences and frees their KV blocks
+
+    async def _collect(self, gen: Any, first: dict[str, Any], tracker: Any) -> Response:
+        """Merge the chunk stream into one ``chat.completion`` / ``text_completion`` response."""
+        choices: dict[int, dict[str, Any]] = {}
+        head: dict[str, Any] = {}
+        usage: dict[str, int] = {}
+        finished = False
+        try:
+            async for chunk in _chain(first, gen):
+                if "error" in chunk:
+                    return _error_response(chunk["status"], {"error": chunk["error"]})
+                head = {k: chunk[k] for k in ("id", "object", "created", "model")}
+                if not chunk["choices"] and "usage" in chunk:
+                    usage = self._usage_chunk(chunk, tracker, [c.get("finish_reason") for c in choices.values()])
+                    continue
+                tracker.on_chunk(chunk)
+                for c in chunk["choices"]:
+                    _merge_choice(choices.setdefault(c["index"], {"index": c["index"]}), c)
+            finished = True
+        finally:
+            if not finished:
+                gen.cancel()
+        chat = head.get("object") == "chat.completion.chunk"
+        head["object"] = "chat.completion" if chat else "text_completion"
+        out = [_final_choice(choices[i], chat) for i in sorted(choices)]
+        return JSONResponse(head | {"choices": out, "usage": usage})
+
+    def _usage_chunk(self, chunk: dict[str, Any], tracker: Any, reasons: list[str | None]) -> dict[str, int]:
+        engine = chunk.pop("_engine", None)
+        if engine:
+            self.metrics.engines.update(engine)
+        tracker.on_finish(chunk["usage"], reasons)
+        return chunk["usage"]
+
+    async def _read_json(self, request: Request) -> dict[str, Any]:
+        """The body as a JSON object; 413 past ``max_request_bytes`` (checked while reading), 400 if not JSON."""
+        limit = self.args.ingress.max_request_bytes
+        too_large = RequestTooLargeError(f"request body exceeds {limit} bytes")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise too_large
+            parts.append(part)
+        try:
+            body = json.loads(b"".join(parts))
+        except ValueError as e:
+            raise InvalidRequestError(f"request body is not valid JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise InvalidRequestError("request body must be a JSON object")
+        return body
+

@@ -1,0 +1,173 @@
+"""OpenAI request schemas (chat completions, completions) and their mapping to ``SamplingParams``.
+
+Field names and defaults follow OpenAI's API plus vLLM's common extensions (``top_k``, ``stop_token_ids``,
+``ignore_eos``). Unknown fields are ignored, as vLLM does, so existing clients keep working; features we do
+not implement (tools, penalties, logit bias, echo, ...) are rejected with a 400 naming the field instead of
+being silently dropped. Range checks are ``configs.sampling.SamplingParams``'s own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from configs.sampling import SamplingParams
+from flexspec.errors import InvalidRequestError
+
+
+class _OpenAIModel(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class StreamOptions(_OpenAIModel):
+    include_usage: bool = Field(False, description="Send a last chunk with token usage (choices = []).")
+
+
+class TextPart(_OpenAIModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ChatMessage(_OpenAIModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_template_dict(self) -> dict[str, Any]:
+        """The message as the chat template expects it (text parts joined; ``developer`` -> ``system``)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(p.text for p in content)
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content or ""}
+
+
+class _SamplingRequest(_OpenAIModel):
+    """Fields shared by chat and text completions."""
+
+    model: str = Field(..., description="Served model name (see /v1/models).")
+    n: int = Field(1, ge=1, le=16, description="Choices per prompt.")
+    temperature: float | None = Field(None, description="Default 1.0; 0 = greedy.")
+    top_p: float | None = None
+    top_k: int | None = Field(None, description="vLLM extension; -1 = off.")
+    max_tokens: int | None = Field(None, description="Output token limit.")
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = Field(None, description="vLLM extension.")
+    ignore_eos: bool = Field(False, description="vLLM extension.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _limit(self) -> int | None:
+        return self.max_tokens
+
+    def _num_logprobs(self) -> int | None:
+        return None
+
+    def check_supported(self) -> None:
+        """Reject features we do not implement (400 naming the field) rather than ignore them."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise InvalidRequestError(f"{name} is not supported", param=name)
+        if self.logit_bias:
+            raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
+
+    def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
+        """Validated engine parameters for choice ``choice`` (seeded choices get seed + choice so they differ).
+
+        Raises:
+            pydantic.ValidationError: a value out of range; the error names the OpenAI field.
+        """
+        values: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "top_k": -1 if self.top_k is None else self.top_k,
+            "seed": None if self.seed is None else self.seed + choice,
+            "stop": self.stop,
+            "stop_token_ids": self.stop_token_ids or [],
+            "ignore_eos": self.ignore_eos,
+            "logprobs": self._num_logprobs(),
+        }
+        return SamplingParams(**values)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, description="Preferred over max_tokens when both are set.")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, description="0-20 alternatives per token; needs logprobs=true.")
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    def _limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def _num_logprobs(self) -> int | None:
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tools:
+            raise InvalidRequestError("tools are not supported", param="tools")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise InvalidRequestError("tool_choice is not supported", param="tool_choice")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise InvalidRequestError("only response_format type 'text' is supported", param="response_format")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
+
+    def max_output_tokens(self, prompt_len: int, max_model_len: int) -> int:
+        """The request's limit, or whatever context is left (OpenAI's chat default)."""
+        limit = self._limit()
+        return limit if limit is not None else max(1, max_model_len - prompt_len)
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(..., description="Text(s) or token id list(s).")
+    logprobs: int | None = Field(None, description="Top-n alternatives per token (0-20).")
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def _num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo:
+            raise InvalidRequestError("echo is not supported", param="echo")
+        if self.suffix:
+            raise InvalidRequestError("suffix is not supported", param="suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidRequestError("best_of other than n is not supported", param="best_of")
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a list of prompts (text or token ids)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+    def max_output_tokens(self, prompt_len: int, max_model_len: int) -> int:
+        """The request's limit, or OpenAI's legacy completions default of 16."""
+        limit = self._limit()
+        return limit if limit is not None else 16

@@ -1,0 +1,116 @@
+"""LLMServer: the engine replica (one per Serve replica): engine + controller loop + OpenAI formatting.
+
+A plain class with a synchronous ``__init__`` so tests can build it without Serve; ``cluster.app`` turns it
+into the ``LLMServer`` deployment. Methods return chunk streams as plain dicts (errors included, as
+``{"status", "error"}``) so nothing but JSON-able data crosses the replica -> ingress boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from cluster.controller import EngineController
+from cluster.errors import to_wire
+from cluster.protocol import ChatCompletionRequest, CompletionRequest
+from cluster.serving import OpenAIServing
+from configs.serve import ServeArgs
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(args: ServeArgs) -> Any:
+    """The replica's ``LLMEngine``: in-process for TP=1 ``local``, else over a ``RayExecutor`` worker group."""
+    from flexspec.engine.llm_engine import LLMEngine
+
+    cfg = args.engine
+    if args.use_local_executor:
+        import torch
+
+        if cfg.device != "cuda":
+            torch.set_num_threads(max(1, int(args.cpus_per_worker)))
+        return LLMEngine(cfg)
+
+    from actors import RayExecutor, WorkerResources
+    from actors.ray_executor import resolve_use_gpu
+
+    resources = WorkerResources(resolve_use_gpu(cfg), args.cpus_per_worker, args.accelerator_type)
+    executor = RayExecutor(
+        cfg, resources, strategy=args.placement_strategy, execute_timeout_s=args.execute_timeout_s
+    )
+    return LLMEngine(cfg, executor=executor)
+
+
+class LLMServer:
+    """One replica.
+
+    Args:
+        args: the application's ``ServeArgs`` (or its dict form).
+        engine_factory: builds the engine from ``args`` (tests may inject one).
+    """
+
+    def __init__(self, args: ServeArgs | dict, engine_factory: Callable[[ServeArgs], Any] = build_engine) -> None:
+        self.args = args if isinstance(args, ServeArgs) else ServeArgs.model_validate(args)
+        self.engine = engine_factory(self.args)
+        self.controller = EngineController(self.engine).start()
+        self.serving = OpenAIServing(
+            self.controller, self.engine.tokenizer, self.args.model_name, self.args.engine.max_model_len
+        )
+        self.replica_id = _replica_id()
+
+    async def chat(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Stream chunks of a chat completion (``request`` is the raw OpenAI JSON body)."""
+        async for chunk in self._guard(lambda: self.serving.chat(ChatCompletionRequest.model_validate(request))):
+            yield chunk
+
+    async def completion(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Stream chunks of a text completion."""
+        async for chunk in self._guard(lambda: self.serving.completion(CompletionRequest.model_validate(request))):
+            yield chunk
+
+    async def _guard(self, make: Callable[[], AsyncIterator[dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
+        """Turn exceptions into one error chunk; attach this engine's snapshot to the usage chunk."""
+        try:
+            async for chunk in make():
+                if not chunk["choices"] and "usage" in chunk:
+                    chunk["_engine"] = self.stats()
+                yield chunk
+        except Exception as e:  # noqa: BLE001 - typed errors become OpenAI errors; others 500
+            wire = to_wire(e)
+            if wire["status"] >= 500:
+                log.exception("request failed")
+            yield wire
+
+    def stats(self) -> dict[str, Any]:
+        """This engine's snapshot (metrics), tagged with the replica id."""
+        return {"engine": self.replica_id, "healthy": self.controller.healthy,
+                **dataclasses.asdict(self.controller.snapshot)}
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model": self.args.engine.model, "max_model_len": self.args.engine.max_model_len}
+
+    def check_health(self) -> None:
+        """Serve's health check: a dead engine loop (e.g. a TP rank died) makes Serve replace the replica."""
+        if not self.controller.healthy:
+            raise RuntimeError(f"engine loop is not running: {self.controller.error!r}")
+
+    def shutdown(self) -> None:
+        self.controller.stop()
+        self.engine.shutdown()
+
+    def __del__(self) -> None:  # Serve calls this when it stops the replica
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
+def _replica_id() -> str:
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - outside Serve
+        return "local"

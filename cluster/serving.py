@@ -1,0 +1,153 @@
+"""OpenAIServing: OpenAI requests -> engine requests -> OpenAI stream chunks (inside the engine replica).
+
+Every request is produced as a stream of chunk dicts (``chat.completion.chunk`` / ``text_completion``) ending
+with a usage chunk (``choices == []``); the ingress forwards them as SSE or merges them into one response.
+One chunk may carry several tokens (speculative decoding accepts many per step); usage counts are exact: the
+engine's output token ids, never the number of chunks.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from cluster.controller import EngineController
+from cluster.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
+from configs.sampling import SamplingParams
+from flexspec.engine.outputs import RequestOutput
+from flexspec.engine.sequence import TokenLogprob
+from flexspec.errors import ContextLengthExceededError
+
+
+class OpenAIServing:
+    """Formats one replica's engine outputs as OpenAI chunks.
+
+    Args:
+        controller: the replica's engine loop.
+        tokenizer: the engine's tokenizer (chat template, prompt encoding, token strings for logprobs).
+        model_name: the name echoed in responses.
+        max_model_len: context limit used for default ``max_tokens`` and the 400 on overflow.
+    """
+
+    def __init__(self, controller: EngineController, tokenizer: Any, model_name: str, max_model_len: int) -> None:
+        self.controller = controller
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+
+    # ---- chat -----------------------------------------------------------------------------------------------
+    async def chat(self, req: ChatCompletionRequest) -> AsyncIterator[dict[str, Any]]:
+        req.check_supported()
+        engine = self.controller.engine
+        prompt = engine.apply_chat_template([m.as_template_dict() for m in req.messages])
+        jobs = self._jobs(req, [prompt], param="messages")
+        head = self._head(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion.chunk")
+        for i in range(len(jobs)):  # role first, as OpenAI does
+            yield head | {"choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                       "logprobs": None, "finish_reason": None}]}
+        async for index, out in self._run(jobs):
+            if not (out.new_text or out.finished or (req.logprobs and out.new_logprobs)):
+                continue  # tokens whose text is held back (partial UTF-8 / possible stop string)
+            choice: dict[str, Any] = {"index": index, "delta": {"content": out.new_text} if out.new_text else {},
+                                      "logprobs": None, "finish_reason": out.finish_reason}
+            if req.logprobs:
+                choice["logprobs"] = {"content": [self._chat_logprob(lp) for lp in out.new_logprobs]}
+            yield head | {"choices": [choice]}
+        yield head | {"choices": [], "usage": self._usage(jobs)}
+
+    def _chat_logprob(self, lp: TokenLogprob) -> dict[str, Any]:
+        def entry(tok: int, value: float) -> dict[str, Any]:
+            s = self._token_str(tok)
+            return {"token": s, "logprob": value, "bytes": list(s.encode("utf-8"))}
+
+        return entry(lp.token_id, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top]}
+
+    # ---- completions ----------------------------------------------------------------------------------------
+    async def completion(self, req: CompletionRequest) -> AsyncIterator[dict[str, Any]]:
+        req.check_supported()
+        engine = self.controller.engine
+        prompts = [engine.encode(p) if isinstance(p, str) else list(p) for p in req.prompts()]
+        jobs = self._jobs(req, prompts, param="prompt")
+        head = self._head(f"cmpl-{uuid.uuid4().hex}", "text_completion")
+        offsets = [0] * len(jobs)
+        async for index, out in self._run(jobs):
+            if not (out.new_text or out.finished or (req.logprobs is not None and out.new_logprobs)):
+                continue
+            choice: dict[str, Any] = {"index": index, "text": out.new_text, "logprobs": None,
+                                      "finish_reason": out.finish_reason}
+            if req.logprobs is not None:
+                toks = [self._token_str(lp.token_id) for lp in out.new_logprobs]
+                text_offset = []
+                for t in toks:
+                    text_offset.append(offsets[index])
+                    offsets[index] += len(t)
+                choice["logprobs"] = {
+                    "tokens": toks,
+                    "token_logprobs": [lp.logprob for lp in out.new_logprobs],
+                    "top_logprobs": [{self._token_str(t): v for t, v in lp.top} for lp in out.new_logprobs],
+                    "text_offset": text_offset,
+                }
+            yield head | {"choices": [choice]}
+        yield head | {"choices": [], "usage": self._usage(jobs)}
+
+    # ---- shared ---------------------------------------------------------------------------------------------
+    def _jobs(self, req: _SamplingRequest, prompts: list[list[int]], param: str) -> list["_Job"]:
+        """One engine request per (prompt, choice); index = prompt * n + choice, as OpenAI numbers them."""
+        jobs = []
+        rid = uuid.uuid4().hex
+        for p, ids in enumerate(prompts):
+            if len(ids) >= self.max_model_len:
+                raise ContextLengthExceededError(
+                    f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                    f"{len(ids)} tokens, which leaves no room for output.",
+                    param=param,
+                )
+            limit = req.max_output_tokens(len(ids), self.max_model_len)
+            if len(ids) + limit > self.max_model_len:
+                raise ContextLengthExceededError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                    f"{len(ids) + limit} tokens ({len(ids)} in the prompt, {limit} for the completion).",
+                    param="max_tokens",
+                )
+            for c in range(req.n):
+                index = p * req.n + c
+                jobs.append(_Job(f"{rid}-{index}", index, p, ids, req.sampling_params(limit, c)))
+        return jobs
+
+    async def _run(self, jobs: list["_Job"]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        by_id = {j.request_id: j for j in jobs}
+        gen = self.controller.generate([(j.request_id, j.prompt_token_ids, j.params) for j in jobs])
+        try:
+            async for out in gen:
+                job = by_id[out.request_id]
+                job.num_output_tokens = len(out.token_ids)
+                yield job.index, out
+        finally:
+            await gen.aclose()  # aborts whatever did not finish (client gone, request cancelled)
+
+    def _usage(self, jobs: list["_Job"]) -> dict[str, int]:
+        prompt = sum(len(ids) for ids in {j.prompt_index: j.prompt_token_ids for j in jobs}.values())
+        completion = sum(j.num_output_tokens for j in jobs)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _head(self, id_: str, obj: str) -> dict[str, Any]:
+        return {"id": id_, "object": obj, "created": int(time.time()), "model": self.model_name}
+
+    def _token_str(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+
+class _Job:
+    """One engine request of an OpenAI request: choice ``index`` of prompt ``prompt_index``."""
+
+    __slots__ = ("request_id", "index", "prompt_index", "prompt_token_ids", "params", "num_output_tokens")
+
+    def __init__(self, request_id: str, index: int, prompt_index: int, ids: list[int], params: SamplingParams):
+        self.request_id = request_id
+        self.index = index
+        self.prompt_index = prompt_index
+        self.prompt_token_ids = ids
+        self.params = params
+        self.num_output_tokens = 0

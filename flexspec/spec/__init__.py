@@ -1,0 +1,1 @@
+"""Speculative decoding: drafter interface + registry (one file per method), verification, metrics."""

@@ -1,0 +1,83 @@
+"""The drafter interface every speculative method implements.
+
+Terms (DESIGN.md section 3): *draft tokens* are proposed by the drafter; the target verifies them in one
+forward; the *accepted length* a is the number that pass; the *bonus token* is the target's own token after
+the last accepted draft (always emitted), so one step emits a + 1 tokens.
+
+A drafter lives in the worker, next to its target shard (same process, same TP rank), so it can read the
+target's hidden states and KV cache without copies. Each step, after verification, the worker calls
+``propose`` once with what the step committed; drafts come back to the engine with the emitted tokens and
+are verified in the next step.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from flexspec.engine.model_runner import ModelRunner
+
+
+@dataclass
+class SeqDraftInput:
+    """One sequence's view of the step that just ran.
+
+    ``token_ids`` is the committed history (prompt + emitted tokens). Its last ``num_new_committed + 1``
+    tokens are new this step: the first ``num_new_committed`` of those went through the target forward
+    (their hidden states are ``hidden_rows`` of the captured layers), the very last one (the bonus or
+    recovered token) has not been through the target yet. For a prefill chunk that does not reach the end of
+    the prompt, nothing is emitted: ``num_drafts`` is 0 and only the hidden states are new.
+    """
+
+    seq_id: int
+    token_ids: list[int]  # committed history
+    num_new_committed: int  # tokens whose target hidden states are new this step
+    hidden_rows: list[int]  # [num_new_committed] rows into the captured hidden states [T, H]
+    num_drafts: int  # drafts wanted for the next step (0 = only observe)
+    temperature: float  # request temperature (probabilistic drafters may sample)
+    emitted: bool  # True when the step emitted tokens for this sequence (last token is new, not computed)
+
+
+@dataclass
+class DraftProposal:
+    """Drafts for the next step. ``draft_probs`` is None for deterministic drafts (argmax / lookup)."""
+
+    token_ids: list[list[int]]  # [S][k_s]
+    draft_probs: list[torch.Tensor | None] = field(default_factory=list)  # [S] of [k_s, V] fp32 or None
+
+
+class Drafter(ABC):
+    """Base class: proposes up to ``num_speculative_tokens`` drafts per sequence per step."""
+
+    method: ClassVar[str]
+
+    def __init__(self, config, runner: "ModelRunner") -> None:  # noqa: ANN001 - one of configs.speculative
+        self.config = config
+        self.runner = runner
+        self.num_speculative_tokens: int = config.num_speculative_tokens
+
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        """Target layers whose outputs (hidden states [T, H]) this drafter reads; () = none."""
+        return ()
+
+    def memory_bytes(self) -> int:
+        """Device memory the drafter holds (weights + caches), counted against the KV-cache budget."""
+        return 0
+
+    def allocate(self, num_kv_blocks: int) -> None:
+        """Called once after the target's KV cache exists (drafters with their own caches size them here)."""
+
+    @abstractmethod
+    def propose(self, batch: list[SeqDraftInput], captured: list[torch.Tensor]) -> DraftProposal:
+        """Return drafts for every sequence of ``batch`` (empty lists where ``num_drafts`` is 0).
+
+        ``captured`` holds the target's outputs of ``capture_layers`` for this step's tokens, [T, H] each.
+        """
+
+    def free(self, seq_ids: list[int]) -> None:
+        """Forget per-sequence state (finished, aborted or preempted sequences)."""

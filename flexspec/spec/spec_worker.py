@@ -1,0 +1,119 @@
+"""The worker side of speculative decoding: target forward -> verification -> drafting, in one call.
+
+Runs on every TP rank next to the target shard (the drafter is co-located, so it reads the target's hidden
+states in place). Verification happens on rank 0 and its result is broadcast, so every rank's drafter sees
+the same accepted tokens.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from flexspec.engine.model_input import ModelInput, ModelOutput
+from flexspec.engine.sampler import SamplingMetadata
+from flexspec.spec.base import DraftProposal, SeqDraftInput
+from flexspec.spec.registry import build_drafter
+from flexspec.spec.verifier import verify
+
+if TYPE_CHECKING:
+    from flexspec.engine.model_runner import ModelRunner
+
+
+class SpecDecodeWorker:
+    def __init__(self, runner: "ModelRunner", config) -> None:  # noqa: ANN001 - configs.speculative model
+        self.runner = runner
+        self.config = config
+        self.drafter = build_drafter(config, runner)
+        self.history: dict[int, list[int]] = {}  # seq id -> committed token ids
+        self.pending_probs: dict[int, torch.Tensor | None] = {}  # seq id -> q of its pending drafts
+
+    def _forget(self, seq_ids: list[int]) -> None:
+        for sid in seq_ids:
+            self.history.pop(sid, None)
+            self.pending_probs.pop(sid, None)
+        if seq_ids:
+            self.drafter.free(seq_ids)
+
+    @torch.inference_mode()
+    def execute(self, inp: ModelInput) -> ModelOutput | None:
+        runner = self.runner
+        self._forget(inp.finished_seq_ids)
+        inp.capture_layers = self.drafter.capture_layers
+        logits, captured = runner.forward(inp)
+
+        emit_idx = [s for s, smp in enumerate(inp.samples) if smp]
+        num_drafts = [inp.num_draft_tokens[s] for s in emit_idx]
+        emitted: list[list[int]] | None = None
+        out: ModelOutput | None = None
+        if runner.tp.is_first:
+            qsl = _cumsum(inp.query_lens)
+            drafts = [
+                inp.input_ids[qsl[s + 1] - inp.num_draft_tokens[s] : qsl[s + 1]] for s in emit_idx
+            ]
+            probs = [self.pending_probs.get(inp.seq_ids[s]) for s in emit_idx]
+            meta = SamplingMetadata.build(inp.sampling_rows, runner.device, inp.num_logprobs)
+            emitted = verify(logits, meta, num_drafts, drafts, probs) if emit_idx else []
+            out = ModelOutput(token_ids=emitted)
+            if inp.num_logprobs is not None:
+                first_rows = _cumsum([d + 1 for d in num_drafts])[:-1]
+                runner.attach_logprobs(out, logits, first_rows, inp.num_logprobs)
+        emitted = runner.tp.broadcast_object(emitted)  # type: ignore[assignment]
+        assert emitted is not None
+
+        proposal = self.drafter.propose(self._draft_inputs(inp, emitted), captured)
+        for s in emit_idx:
+            self.pending_probs[inp.seq_ids[s]] = proposal.draft_probs[s] if proposal.draft_probs else None
+        if out is not None:
+            out.draft_token_ids = _only_emitting(proposal, inp, emit_idx)
+        return out
+
+    def _draft_inputs(self, inp: ModelInput, emitted: list[list[int]]) -> list[SeqDraftInput]:
+        batch: list[SeqDraftInput] = []
+        qsl = _cumsum(inp.query_lens)
+        k = 0
+        row = 0  # first logits row of the next emitting sequence
+        for s, sid in enumerate(inp.seq_ids):
+            ctx, n, d = inp.context_lens[s], inp.query_lens[s], inp.num_draft_tokens[s]
+            if ctx == 0 and sid in self.history:  # recomputed after preemption: start over
+                self._forget([sid])
+            hist = self.history.setdefault(sid, [])
+            del hist[ctx:]  # drop tokens of rejected drafts / anything past the cached context
+            committed_inputs = inp.input_ids[qsl[s] : qsl[s + 1] - d]
+            hist.extend(committed_inputs)
+            num_committed = len(committed_inputs)
+            num_drafts = 0
+            temperature = 0.0
+            if inp.samples[s]:
+                toks = emitted[k]
+                k += 1
+                hist.extend(toks)  # accepted drafts (computed this step) + bonus (not computed yet)
+                num_committed += len(toks) - 1
+                room = inp.max_lens[s] - len(hist) - 1
+                num_drafts = max(0, min(inp.num_speculative_tokens, room))
+                temperature = inp.sampling_rows[row][0]
+                row += d + 1
+            batch.append(
+                SeqDraftInput(
+                    seq_id=sid,
+                    token_ids=hist,
+                    num_new_committed=num_committed,
+                    hidden_rows=list(range(qsl[s], qsl[s] + num_committed)),
+                    num_drafts=num_drafts,
+                    temperature=temperature,
+                    emitted=inp.samples[s],
+                )
+            )
+        return batch
+
+
+def _cumsum(xs: list[int]) -> list[int]:
+    out = [0]
+    for x in xs:
+        out.append(out[-1] + x)
+    return out
+
+
+def _only_emitting(proposal: DraftProposal, inp: ModelInput, emit_idx: list[int]) -> list[list[int]]:
+    return [list(proposal.token_ids[s]) for s in emit_idx]

@@ -1,0 +1,103 @@
+"""Exact verification of draft tokens against the target (greedy at T=0, rejection sampling above).
+
+Wraps ``kernels.rejection_sample`` (Leviathan et al. 2211.17192; Chen et al. 2302.01318): builds the target
+distribution with the same temperature / top-k / top-p processing as plain decoding, samples the bonus
+token with the plain sampler, and draws all randomness from per-request seeds so results do not depend on
+batching.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flexspec.engine.sampler import _SEED_STRIDE, SamplingMetadata, sample, target_probs
+from kernels import rejection_sample
+
+_UNIFORM_SALT = 0x5EED_0001
+_RECOVERY_SALT = 0x5EED_0002
+
+
+def _seeded(shape: tuple[int, ...], seeds: list[int], offsets: list[int], salt: int, kind: str, device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=torch.float32, device=device)
+    for i, (seed, off) in enumerate(zip(seeds, offsets)):
+        gen = torch.Generator(device=device).manual_seed((seed * _SEED_STRIDE + off + salt) & 0x7FFF_FFFF_FFFF_FFFF)
+        if kind == "uniform":
+            out[i].uniform_(generator=gen)
+        else:
+            out[i].exponential_(generator=gen)
+    return out
+
+
+def verify(
+    logits: torch.Tensor,  # [N, V] target logits; seq s owns num_drafts[s] + 1 consecutive rows
+    meta: SamplingMetadata,  # per logits row
+    num_drafts: list[int],  # [S]
+    draft_token_ids: list[list[int]],  # [S][num_drafts[s]]
+    draft_probs: list[torch.Tensor | None] | None = None,  # [S] of [num_drafts[s], V] or None (deterministic)
+) -> list[list[int]]:
+    """Returns the emitted tokens per sequence: accepted drafts + one recovered or bonus token."""
+    device = logits.device
+    S = len(num_drafts)
+    starts = [0]
+    for d in num_drafts:
+        starts.append(starts[-1] + d + 1)
+    draft_rows = [starts[s] + j for s in range(S) for j in range(num_drafts[s])]
+    bonus_rows = [starts[s] + num_drafts[s] for s in range(S)]
+    rows_t = torch.tensor(bonus_rows, device=device)
+    bonus_meta = SamplingMetadata(
+        temperature=meta.temperature[rows_t],
+        top_p=meta.top_p[rows_t],
+        top_k=meta.top_k[rows_t],
+        seeds=[meta.seeds[r] for r in bonus_rows],
+        offsets=[meta.offsets[r] for r in bonus_rows],
+        all_greedy=meta.all_greedy,
+        any_greedy=meta.any_greedy,
+        need_top_k=meta.need_top_k,
+        need_top_p=meta.need_top_p,
+    )
+    bonus = sample(logits[rows_t], bonus_meta)  # [S]
+    if not draft_rows:
+        return [[t] for t in bonus.tolist()]
+
+    d_idx = torch.tensor(draft_rows, device=device)
+    N, V = len(draft_rows), logits.shape[-1]
+    row_meta = SamplingMetadata(
+        temperature=meta.temperature[d_idx],
+        top_p=meta.top_p[d_idx],
+        top_k=meta.top_k[d_idx],
+        seeds=[meta.seeds[r] for r in draft_rows],
+        offsets=[meta.offsets[r] for r in draft_rows],
+        all_greedy=meta.all_greedy,
+        any_greedy=meta.any_greedy,
+        need_top_k=meta.need_top_k,
+        need_top_p=meta.need_top_p,
+    )
+    probs = target_probs(logits[d_idx], row_meta)  # [N, V]
+    if meta.all_greedy:
+        uniform = torch.zeros(N, dtype=torch.float32, device=device)
+        noise = torch.ones(N, V, dtype=torch.float32, device=device)
+    else:
+        uniform = _seeded((N,), row_meta.seeds, row_meta.offsets, _UNIFORM_SALT, "uniform", device)
+        noise = _seeded((N, V), row_meta.seeds, row_meta.offsets, _RECOVERY_SALT, "exponential", device)
+    q = None
+    if draft_probs is not None and any(p is not None for p in draft_probs):
+        parts = []
+        for s in range(S):
+            if num_drafts[s] == 0:
+                continue
+            p = draft_probs[s]
+            if p is None:  # deterministic draft: q is one-hot at the draft token
+                ids = torch.tensor(draft_token_ids[s][: num_drafts[s]], device=device)
+                p = torch.nn.functional.one_hot(ids, V).float()
+            parts.append(p[: num_drafts[s]].to(device=device, dtype=torch.float32))
+        q = torch.cat(parts)
+    cu_list = [0]
+    for d in num_drafts:
+        cu_list.append(cu_list[-1] + d)
+    cu = torch.tensor(cu_list, dtype=torch.int32, device=device)
+    flat = torch.tensor([t for s in range(S) for t in draft_token_ids[s][: num_drafts[s]]], device=device)
+    greedy = (meta.temperature[rows_t] == 0)
+    out = rejection_sample(
+        flat, cu, probs, bonus, greedy, uniform, noise, draft_probs=q, max_spec_len=max(num_drafts)
+    )  # [S, max_d + 1]
+    return [[t for t in row if t >= 0] for row in out.tolist()]
