@@ -111,5 +111,36 @@ def prepare_model(model: str = typer.Argument("smollm2-135m-instruct", help="Mod
     typer.echo(f"{model}: {path}")
 
 
+@app.command()
+def serve(
+    config: Optional[str] = typer.Option(
+        None, "--config", "-c", help="Serve config file (default: configs/serve.yaml, else the installed copy)."
+    ),
+    address: Optional[str] = typer.Option(
+        None, help="Ray cluster to use ('auto' = the running one); default: start a new local cluster."
+    ),
+    num_cpus: Optional[int] = typer.Option(None, help="CPUs of the local Ray cluster (default: all)."),
+    host: Optional[str] = typer.Option(None, help="Override http_options.host of the config."),
+    port: Optional[int] = typer.Option(None, help="Override http_options.port of the config."),
+) -> None:
+    """Serve the OpenAI API on Ray Serve from a config file; blocks until SIGTERM / Ctrl-C."""
+    from pathlib import Path
+
+    try:
+        from cluster.launcher import default_config_path, load_serve_config, serve_forever
+    except ImportError as e:
+        _fail(f"serving needs the [serve] extra (pip install -e '.[serve]'): {e}")
+    path = Path(config) if config else default_config_path()
+    if not path.is_file():
+        _fail(f"config file {path} not found")
+    try:
+        load_serve_config(path, host, port)
+    except ValidationError as e:
+        _fail(f"{path}: {_validation_message(e)}")
+    except (ValueError, OSError) as e:
+        _fail(f"{path}: {e}")
+    raise typer.Exit(serve_forever(path, address=address, num_cpus=num_cpus, host=host, port=port))
+
+
 if __name__ == "__main__":
     app()

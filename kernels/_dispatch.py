@@ -6,13 +6,13 @@ from typing import Literal
 
 import torch
 
-Backend = Literal["auto", "triton", "torch"]
+Backend = Literal["auto", "triton", "torch", "torch_ref"]
 
 
 def use_triton(backend: str, tensor: torch.Tensor) -> bool:
     """``"auto"``: Triton for CUDA tensors (ROCm builds report ``is_cuda`` too), torch otherwise."""
     if backend == "auto":
         return tensor.is_cuda
-    if backend not in ("triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend not in ("triton", "torch", "torch_ref"):
+        raise ValueError(f"backend must be 'auto', 'triton', 'torch' or 'torch_ref', got {backend!r}")
     return backend == "triton"

@@ -505,14 +505,26 @@ def paged_attention(
         mask_start_loc: offsets of each sequence's ``n_s x n_s`` block in ``mask``.
         logits_soft_cap: if set, ``scores = cap * tanh(scores / cap)`` (Gemma 2).
         max_query_len: largest ``n_s``; only a tile-size hint for the Triton path.
-        backend: ``"auto"`` (Triton on CUDA, torch otherwise), ``"triton"`` or ``"torch"``.
+        backend: ``"auto"`` (Triton on CUDA, vectorized torch otherwise), ``"triton"``, ``"torch"``
+            (vectorized, :mod:`kernels.attention_torch`) or ``"torch_ref"`` (per-sequence reference).
     """
     if use_triton(backend, q):
         return paged_attention_triton(
             q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
             scale, sliding_window, mask, mask_start_loc, logits_soft_cap, max_query_len,
         )  # fmt: skip
-    return paged_attention_ref(
+    if backend == "torch_ref":
+        return paged_attention_ref(
+            q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
+            scale, sliding_window, mask, mask_start_loc, logits_soft_cap,
+        )  # fmt: skip
+    from .attention_torch import paged_attention_torch
+
+    _check_args(
+        q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
+        sliding_window, mask, mask_start_loc, logits_soft_cap,
+    )  # fmt: skip
+    return paged_attention_torch(
         q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
         scale, sliding_window, mask, mask_start_loc, logits_soft_cap,
     )  # fmt: skip

@@ -39,6 +39,7 @@ class SeqDraftInput:
     hidden_rows: list[int]  # [num_new_committed] rows into the captured hidden states [T, H]
     num_drafts: int  # drafts wanted for the next step (0 = only observe)
     temperature: float  # request temperature (probabilistic drafters may sample)
+    seed: int  # request seed: drafters that sample derive their noise from (seed, position)
     emitted: bool  # True when the step emitted tokens for this sequence (last token is new, not computed)
 
 

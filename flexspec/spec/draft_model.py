@@ -128,7 +128,9 @@ class DraftModelDrafter(Drafter):
         for i, b in enumerate(items):
             if b.temperature > 0:
                 q = torch.softmax(logits[i].float() / b.temperature, -1)
-                gen = torch.Generator(device=q.device).manual_seed(b.seq_id * 1_000_003 + len(b.token_ids) + step)
+                gen = torch.Generator(device=q.device).manual_seed(
+                    (b.seed * 1_000_003 + len(b.token_ids) * 64 + step) & 0x7FFF_FFFF_FFFF_FFFF
+                )
                 tok = int(torch.multinomial(q, 1, generator=gen))
                 drafts[b.seq_id].append(tok)
                 probs[b.seq_id].append(q)

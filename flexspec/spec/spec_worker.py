@@ -84,7 +84,7 @@ class SpecDecodeWorker:
             hist.extend(committed_inputs)
             num_committed = len(committed_inputs)
             num_drafts = 0
-            temperature = 0.0
+            temperature, seed = 0.0, 0
             if inp.samples[s]:
                 toks = emitted[k]
                 k += 1
@@ -92,7 +92,7 @@ class SpecDecodeWorker:
                 num_committed += len(toks) - 1
                 room = inp.max_lens[s] - len(hist) - 1
                 num_drafts = max(0, min(inp.num_speculative_tokens, room))
-                temperature = inp.sampling_rows[row][0]
+                temperature, seed = inp.sampling_rows[row][0], inp.sampling_rows[row][3]
                 row += d + 1
             batch.append(
                 SeqDraftInput(
@@ -102,6 +102,7 @@ class SpecDecodeWorker:
                     hidden_rows=list(range(qsl[s], qsl[s] + num_committed)),
                     num_drafts=num_drafts,
                     temperature=temperature,
+                    seed=seed,
                     emitted=inp.samples[s],
                 )
             )

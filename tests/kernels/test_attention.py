@@ -222,9 +222,30 @@ def test_strided_qkv(device):
     torch.testing.assert_close(paged_attention_triton(**b), paged_attention_ref(**b), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_vectorized_torch_path_matches_reference(name):
+    """The CPU path (one batched SDPA) must equal the per-sequence reference on every case."""
+    from kernels.attention_torch import paged_attention_torch
+
+    ctx_lens, new_lens, batch_kw, attn_kw = CASES[name]
+    b = _make_batch(ctx_lens, new_lens, **batch_kw)
+    torch.testing.assert_close(paged_attention_torch(**b, **attn_kw), paged_attention_ref(**b, **attn_kw))
+
+
+def test_vectorized_torch_path_no_visible_key_gives_zeros():
+    from kernels.attention_torch import paged_attention_torch
+
+    masks = [torch.zeros(2, 2, dtype=torch.bool), torch.eye(1, dtype=torch.bool)]
+    b = _make_batch([0, 6], [2, 1], masks=masks)
+    out = paged_attention_torch(**b, sliding_window=1)
+    assert torch.equal(out[:2], torch.zeros_like(out[:2]))
+    torch.testing.assert_close(out, paged_attention_ref(**b, sliding_window=1))
+
+
 def test_dispatch():
     b = _make_batch([3], [2])
-    torch.testing.assert_close(paged_attention(**b), paged_attention_ref(**b), rtol=0, atol=0)
+    torch.testing.assert_close(paged_attention(**b), paged_attention_ref(**b))
+    torch.testing.assert_close(paged_attention(**b, backend="torch_ref"), paged_attention_ref(**b), rtol=0, atol=0)
     with pytest.raises(ValueError, match="backend"):
         paged_attention(**b, backend="flash")
 

@@ -1,0 +1,146 @@
+"""DFlash block drafter (arXiv 2602.06036; z-lab/dflash; vLLM PR 36847), method ``dflash``.
+
+Each step, for every sequence of the batch:
+1. *Context*: the target features of the newly committed positions (read in place from this step's target
+   forward, ``capture_layers = target_layer_ids``) become each drafter layer's context K/V, written once into the
+   drafter's own paged cache (:class:`DraftKVCache`) at those positions. Prefill chunks that emit nothing are
+   cached too.
+2. *Block*: sequences that want drafts run one block ``[bonus, MASK x (B-1)]`` at positions ``L-1 .. L+B-2`` over
+   their cached context (non-causal inside the block; block K/V are never cached), all sequences in one varlen
+   forward. Drafts = argmax of the target's LM head at the first ``k`` mask positions (deterministic drafts: the
+   verifier's deterministic-draft rule keeps T > 0 exact).
+
+``num_speculative_tokens`` = min(config's, B - 1). Sequences whose context misses positions (cache evicted under
+memory pressure) still draft — worse drafts, same output.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from flexspec.models.loader import resolve_model_dir
+from flexspec.spec.base import DraftProposal, Drafter, SeqDraftInput
+from flexspec.spec.models.checkpoint import read_config
+from flexspec.spec.models.dflash_model import DFlashDraftModel
+from flexspec.spec.models.draft_kv import DraftKVCache
+from flexspec.spec.registry import register
+
+
+@register
+class DFlashDrafter(Drafter):
+    method = "dflash"
+    model_class: ClassVar[type[DFlashDraftModel]] = DFlashDraftModel
+
+    def __init__(self, config, runner) -> None:  # noqa: ANN001 - configs.speculative.DFlashConfig, ModelRunner
+        super().__init__(config, runner)
+        self.target = runner.model
+        self.device = runner.device
+        folder = resolve_model_dir(config.model)
+        block_size = self.model_class.config_class.from_dict(read_config(folder), str(folder)).block_size
+        self.model = self.model_class.from_pretrained(
+            folder,
+            runner.spec,
+            max_position=runner.config.max_model_len + block_size,  # block positions reach L - 1 + B - 1
+            device=runner.device,
+            dtype=runner.dtype,
+        )
+        self.model.eval().requires_grad_(False)
+        cfg = self.model.config
+        self.block_size = cfg.block_size
+        self.num_speculative_tokens = min(config.num_speculative_tokens, self.block_size - 1)
+        layers = sorted(set(cfg.target_layer_ids))
+        self._capture = tuple(layers)
+        self._feature_index = [layers.index(i) for i in cfg.target_layer_ids]  # captured[j] per feature slot
+        self.cache = DraftKVCache(
+            num_layers=cfg.num_hidden_layers,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            block_size=runner.config.kv_block_size,
+            max_tokens_per_seq=runner.config.max_model_len,
+            max_num_seqs=runner.config.max_num_seqs,
+            dtype=runner.dtype,
+            device=runner.device,
+        )
+        self._block_mask = torch.ones(self.block_size, self.block_size, dtype=torch.bool)  # [B, B] non-causal
+
+    # ---- Drafter interface --------------------------------------------------------------------------------
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        return self._capture
+
+    def memory_bytes(self) -> int:
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return weights + self.cache.reserved_bytes()
+
+    def allocate(self, num_kv_blocks: int) -> None:
+        self.cache.allocate(num_kv_blocks)
+        self.cache.bind(self.model.attention_layers())
+
+    def free(self, seq_ids: list[int]) -> None:
+        for sid in seq_ids:
+            self.cache.free(sid)
+
+    @torch.inference_mode()
+    def propose(self, batch: list[SeqDraftInput], captured: list[torch.Tensor]) -> DraftProposal:
+        ready = self._store_context(batch, captured)
+        out: list[list[int]] = [[] for _ in batch]
+        todo = [(i, b) for i, b in enumerate(batch) if b.num_drafts > 0 and b.emitted and b.seq_id in ready]
+        if todo:
+            drafts = self._draft([b for _, b in todo])
+            for (i, _), d in zip(todo, drafts):
+                out[i] = d
+        return DraftProposal(token_ids=out)
+
+    # ---- steps --------------------------------------------------------------------------------------------
+    def _store_context(self, batch: list[SeqDraftInput], captured: list[torch.Tensor]) -> set[int]:
+        """Cache the context K/V of this step's committed positions; returns the sequences with a cache."""
+        evictable = set(self.cache.tables) - {b.seq_id for b in batch}
+        ready: set[int] = set()
+        rows: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for b in batch:
+            L = len(b.token_ids)
+            end = L - 1 if b.emitted else L  # committed positions with hidden states: [end - n, end)
+            if not self.cache.reserve(b.seq_id, max(end, L - 1, 1), evictable):
+                continue
+            ready.add(b.seq_id)
+            for row, pos in zip(b.hidden_rows, range(end - b.num_new_committed, end)):
+                rows.append(row)
+                positions.append(pos)
+                slots.append(self.cache.slot(b.seq_id, pos))
+        if rows:
+            idx = torch.tensor(rows, device=self.device)
+            feats = torch.cat([captured[j].index_select(0, idx) for j in self._feature_index], dim=-1)  # [N, n*H]
+            self.model.store_context(
+                feats, torch.tensor(positions, device=self.device), torch.tensor(slots, device=self.device)
+            )
+        return ready
+
+    def _draft(self, items: list[SeqDraftInput]) -> list[list[int]]:
+        """One varlen forward of S blocks -> drafts per sequence."""
+        B, S = self.block_size, len(items)
+        ids: list[int] = []
+        positions: list[list[int]] = []
+        for b in items:
+            L = len(b.token_ids)
+            ids += [b.token_ids[-1]] + [self.model.mask_token_id] * (B - 1)
+            positions.append(list(range(L - 1, L - 1 + B)))
+        meta = self.cache.metadata(
+            [b.seq_id for b in items], positions, [len(b.token_ids) - 1 for b in items], store=False,
+            masks=[self._block_mask] * S,
+        )  # fmt: skip
+        embeds = self.target.embed_tokens(torch.tensor(ids, device=self.device))  # [S*B, H]
+        if self.model.config.input_embedding_scale != 1.0:
+            embeds = embeds * self.model.config.input_embedding_scale
+        K = max(min(b.num_drafts, self.num_speculative_tokens) for b in items)
+        hidden = self.model(embeds, meta).view(S, B, -1)[:, 1 : 1 + K]  # [S, K, H] mask positions
+        logits = self.model.compute_logits(hidden.reshape(S * K, -1), self.target.lm_head).view(S, K, -1)
+        return self._select(items, hidden, logits)
+
+    def _select(self, items: list[SeqDraftInput], hidden: torch.Tensor, logits: torch.Tensor) -> list[list[int]]:
+        """hidden [S, K, H], logits [S, K, V] fp32 -> greedy drafts, ``min(num_drafts, k)`` per sequence."""
+        greedy = logits.argmax(-1).tolist()  # [S][K]
+        return [g[: min(b.num_drafts, self.num_speculative_tokens)] for b, g in zip(items, greedy)]

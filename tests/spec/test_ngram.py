@@ -1,0 +1,43 @@
+"""n-gram (prompt lookup) speculation: exact at T=0, MAL > 2 on repetitive real text (issue 3)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from configs import SamplingParams
+from flexspec.spec.ngram import ngram_propose
+from tests.spec.conftest import spec_engine
+
+
+def test_ngram_propose_latest_longest_match():
+    toks = np.array([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3])
+    assert ngram_propose(toks, 1, 3, 2) == [7, 5]  # latest earlier "1 2 3" is followed by 7 5
+    assert ngram_propose(np.array([4, 5, 6]), 1, 3, 2) == []
+    assert ngram_propose(toks, 1, 3, 0) == []
+
+
+def test_ngram_exact_on_21_prompts_x_128_tokens(plain_128):
+    prompts, ref = plain_128
+    eng = spec_engine({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+    outs = eng.generate(prompts, SamplingParams(max_tokens=128, temperature=0))
+    assert [o.token_ids for o in outs] == ref
+    m = eng.spec_metrics
+    assert m.num_drafts > 0 and m.num_accepted_tokens > 0
+
+
+def test_ngram_mal_above_2_on_code_editing_prompt(engine):
+    code = (
+        "def total_price(items, tax_rate):\n"
+        "    subtotal = 0\n"
+        "    for item in items:\n"
+        "        subtotal += item.price * item.quantity\n"
+        "    tax = subtotal * tax_rate\n"
+        "    return subtotal + tax\n"
+    )
+    ask = "Rewrite this function exactly, but rename `subtotal` to `net_total`. Output only the code.\n\n" + code
+    ids = engine.apply_chat_template([{"role": "user", "content": ask}])
+    eng = spec_engine({"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 2})
+    out = eng.generate([ids], SamplingParams(max_tokens=96, temperature=0))[0]
+    ref = engine.generate([ids], SamplingParams(max_tokens=96, temperature=0))[0]
+    assert out.token_ids == ref.token_ids
+    assert eng.spec_metrics.mean_acceptance_length > 2.0, eng.spec_metrics.as_dict()
