@@ -95,7 +95,9 @@ class RayExecutor:
         actor_cls = ray.remote(TPWorker)
         for rank in range(tp):
             sched = PlacementGroupSchedulingStrategy(
-                self.placement_group, placement_group_bundle_index=rank, placement_group_capture_child_tasks=False
+                self.placement_group,
+                placement_group_bundle_index=rank,
+                placement_group_capture_child_tasks=False,
             )
             w = actor_cls.options(
                 **self.resources.actor_options(), scheduling_strategy=sched, max_restarts=0, max_concurrency=2
@@ -103,34 +105,52 @@ class RayExecutor:
             self.workers.append(w)
         t0 = time.perf_counter()
         host, port = self._gather(
-            [self.workers[0].rendezvous_address.remote(loopback=strategy == "STRICT_PACK")], timeout_s, "rendezvous"
+            [self.workers[0].rendezvous_address.remote(loopback=strategy == "STRICT_PACK")],
+            timeout_s,
+            "rendezvous",
         )[0]
         backend = self.resources.backend
         self._gather(
-            [w.init_distributed.remote(host, port, backend, timeout_s) for w in self.workers], timeout_s, "init"
+            [w.init_distributed.remote(host, port, backend, timeout_s) for w in self.workers],
+            timeout_s,
+            "init",
         )
-        infos = self._gather([w.load_model.remote(self.config) for w in self.workers], timeout_s, "load_model")
-        blocks = self._gather([w.allocate_kv_cache.remote() for w in self.workers], timeout_s, "allocate_kv_cache")
+        infos = self._gather(
+            [w.load_model.remote(self.config) for w in self.workers], timeout_s, "load_model"
+        )
+        blocks = self._gather(
+            [w.allocate_kv_cache.remote() for w in self.workers], timeout_s, "allocate_kv_cache"
+        )
         if len(set(blocks)) > 1:  # GPU memory differs per rank: every rank must hold the same block ids
             n = min(blocks)
-            blocks = self._gather([w.allocate_kv_cache.remote(n) for w in self.workers], timeout_s, "allocate")
+            blocks = self._gather(
+                [w.allocate_kv_cache.remote(n) for w in self.workers], timeout_s, "allocate"
+            )
         self.num_kv_blocks: int = blocks[0]
         self.model_dir: str = infos[0]["model_dir"]
         self.spec = infos[0]["spec"]
         log.info(
-            "started %d TP ranks (%s, %s) in %.1fs: %d KV blocks", tp, backend, infos[0]["device"],
-            time.perf_counter() - t0, self.num_kv_blocks,
+            "started %d TP ranks (%s, %s) in %.1fs: %d KV blocks",
+            tp,
+            backend,
+            infos[0]["device"],
+            time.perf_counter() - t0,
+            self.num_kv_blocks,
         )
 
     # ---- Executor protocol ----------------------------------------------------------------------------------
     def execute(self, inp: ModelInput) -> ModelOutput:
         """Broadcast ``inp`` to every rank, run them concurrently, return rank 0's output."""
         ref = ray.put(inp) if len(self.workers) > 1 else inp
-        out = self._gather([w.execute.remote(ref) for w in self.workers], self.execute_timeout_s, "execute")[0]
+        out = self._gather([w.execute.remote(ref) for w in self.workers], self.execute_timeout_s, "execute")[
+            0
+        ]
         assert out is not None  # rank 0 always answers
         return out
 
-    def collective_rpc(self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> list[Any]:
+    def collective_rpc(
+        self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
+    ) -> list[Any]:
         """Call ``ModelRunner.<method>(*args, **kwargs)`` on every rank; returns the per-rank results."""
         refs = [w.call.remote(method, *args, **kwargs) for w in self.workers]
         return self._gather(refs, timeout_s or self.execute_timeout_s, method)
@@ -140,14 +160,14 @@ class RayExecutor:
         for w in self.workers:
             try:
                 ray.kill(w, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
+            except Exception:
+                log.debug("rank already gone", exc_info=True)
         self.workers = []
         if self._owns_pg and self.placement_group is not None:
             try:
                 remove_placement_group(self.placement_group)
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception:
+                log.debug("placement group already removed", exc_info=True)
             self.placement_group = None
 
     # ---- watchdog -------------------------------------------------------------------------------------------
@@ -170,4 +190,3 @@ class RayExecutor:
         except (GetTimeoutError, RayActorError, RayError) as e:
             self._broken = f"{what}: {type(e).__name__}"
             raise WorkerGroupError(f"TP worker group failed during {what}: {e}") from e
-

@@ -115,8 +115,8 @@ def _assigned_cpus() -> float:
 
         if ray.is_initialized():
             return float(ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0))
-    except Exception:  # noqa: BLE001 - outside Ray or no runtime context: fall back to 1 thread
-        pass
+    except Exception:
+        log.debug("no Ray runtime context", exc_info=True)
     return 1.0
 
 

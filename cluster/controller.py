@@ -93,7 +93,7 @@ class EngineController:
         self.snapshot = EngineSnapshot()
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
-    def start(self) -> "EngineController":
+    def start(self) -> EngineController:
         self._thread.start()
         return self
 
@@ -108,7 +108,9 @@ class EngineController:
         return self.error is None and self._thread.is_alive()
 
     # ---- callers (any asyncio loop) -------------------------------------------------------------------------
-    async def generate(self, requests: list[tuple[str, list[int], SamplingParams]]) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, requests: list[tuple[str, list[int], SamplingParams]]
+    ) -> AsyncIterator[RequestOutput]:
         """Run ``(request_id, prompt_token_ids, params)`` requests together; yield their outputs as they come.
 
         Ends when every request finished. Raises the engine's typed error (e.g. ``ContextLengthExceededError``)
@@ -152,7 +154,7 @@ class EngineController:
                     if stream is not None and not stream.put(out):
                         engine.abort(out.request_id)
                 self._update_snapshot()
-        except BaseException as e:  # noqa: BLE001 - a failed step fails every request on this replica
+        except BaseException as e:
             log.exception("engine loop died")
             self.error = e
             dead = EngineDeadError(f"engine failed: {type(e).__name__}: {e}")

@@ -28,9 +28,15 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cluster.errors import OverloadedError, RequestTooLargeError, error_body, error_from_exception, error_from_validation
+from cluster.errors import (
+    OverloadedError,
+    RequestTooLargeError,
+    error_body,
+    error_from_exception,
+    error_from_validation,
+)
 from cluster.metrics import ServerMetrics
-from cluster.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
+from cluster.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from configs.serve import ServeArgs
 from flexspec.errors import FlexspecError, InvalidRequestError, ModelNotFoundError
 
@@ -83,8 +89,11 @@ def _merge_choice(acc: dict[str, Any], c: dict[str, Any]) -> None:
 
 
 def _final_choice(acc: dict[str, Any], chat: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"index": acc["index"], "logprobs": acc.get("logprobs"),
-                           "finish_reason": acc.get("finish_reason")}
+    out: dict[str, Any] = {
+        "index": acc["index"],
+        "logprobs": acc.get("logprobs"),
+        "finish_reason": acc.get("finish_reason"),
+    }
     if chat:
         out["message"] = {"role": "assistant", "content": acc.get("text", "")}
     else:
@@ -122,7 +131,9 @@ class OpenAIIngress:
         try:
             stats = await asyncio.wait_for(self.llm.stats.remote(), timeout=10)
         except Exception as e:  # noqa: BLE001 - any failure means not ready
-            return _error_response(503, error_body(f"engine unavailable: {type(e).__name__}", "engine_unavailable"))
+            return _error_response(
+                503, error_body(f"engine unavailable: {type(e).__name__}", "engine_unavailable")
+            )
         self.metrics.engines.update(stats)
         if not stats.get("healthy", False):
             return _error_response(503, error_body("engine loop is not running", "engine_unavailable"))
@@ -132,7 +143,7 @@ class OpenAIIngress:
     async def prometheus(self) -> Response:
         try:  # refresh one replica's gauges; the others come with their finished requests
             self.metrics.engines.update(await asyncio.wait_for(self.llm.stats.remote(), timeout=5))
-        except Exception:  # noqa: BLE001 - scrape must not fail because an engine is busy or restarting
+        except Exception:
             log.debug("engine stats unavailable at scrape", exc_info=True)
         return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -145,23 +156,28 @@ class OpenAIIngress:
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, CompletionRequest, "completion")
 
-    async def _generate(self, request: Request, schema: type[_SamplingRequest], method: str) -> Response:
+    async def _generate(self, request: Request, schema: type[SamplingRequest], method: str) -> Response:
         tracker = self.metrics.tracker()
         try:
             body = await self._read_json(request)
             req = schema.model_validate(body)
             if req.model != self.model_name:
-                raise ModelNotFoundError(f"The model '{req.model}' does not exist; this server serves "
-                                         f"'{self.model_name}'.", param="model")
+                raise ModelNotFoundError(
+                    f"The model '{req.model}' does not exist; this server serves '{self.model_name}'.",
+                    param="model",
+                )
             req.check_supported()
-            req.sampling_params(max_tokens=req._limit() or 1)  # ranges checked here, before a replica is busy
+            limit = req.requested_max_tokens()
+            req.sampling_params(
+                max_tokens=1 if limit is None else limit
+            )  # ranges checked here, before a replica is busy
         except ValidationError as e:
             return _error_response(*error_from_validation(e))
         except FlexspecError as e:
             return _error_response(*error_from_exception(e))
 
-        gen = getattr(self.llm.options(stream=True), method).remote(body)
-        try:
+        try:  # backpressure may be raised by .remote() itself or by the first item
+            gen = getattr(self.llm.options(stream=True), method).remote(body)
             first = await gen.__anext__()
         except BackPressureError as e:
             err = OverloadedError(str(e), e.status_code, e.retry_after_s)
@@ -172,7 +188,8 @@ class OpenAIIngress:
         except Exception as e:  # noqa: BLE001 - replica died / unavailable
             log.warning("engine call failed: %r", e)
             return _error_response(
-                503, error_body(f"engine unavailable: {type(e).__name__}", "engine_unavailable"),
+                503,
+                error_body(f"engine unavailable: {type(e).__name__}", "engine_unavailable"),
                 retry_after_s=self.args.deployment.retry_after_s,
             )
         if "error" in first:
@@ -223,7 +240,9 @@ class OpenAIIngress:
                     return _error_response(chunk["status"], {"error": chunk["error"]})
                 head = {k: chunk[k] for k in ("id", "object", "created", "model")}
                 if not chunk["choices"] and "usage" in chunk:
-                    usage = self._usage_chunk(chunk, tracker, [c.get("finish_reason") for c in choices.values()])
+                    usage = self._usage_chunk(
+                        chunk, tracker, [c.get("finish_reason") for c in choices.values()]
+                    )
                     continue
                 tracker.on_chunk(chunk)
                 for c in chunk["choices"]:
@@ -264,4 +283,3 @@ class OpenAIIngress:
         if not isinstance(body, dict):
             raise InvalidRequestError("request body must be a JSON object")
         return body
-

@@ -107,8 +107,10 @@ def serve_forever(
         code = _wait_ready(names, stop, ready_timeout_s)
         if code == 0:
             url = f"http://{config.http_options.host}:{config.http_options.port}"
-            print(f"flexspec: serving {', '.join(names)} at {url} (OpenAI API under /v1); SIGTERM or Ctrl-C stops",
-                  flush=True)
+            print(
+                f"flexspec: serving {', '.join(names)} at {url} (OpenAI API under /v1); SIGTERM or Ctrl-C stops",
+                flush=True,
+            )
             stop.wait()
         return code
     finally:

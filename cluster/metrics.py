@@ -30,7 +30,12 @@ ENGINE_GAUGES: list[tuple[str, str, str, str | None]] = [
 ENGINE_COUNTERS: list[tuple[str, str, str, str | None]] = [
     ("vllm:num_preemptions", "num_preemptions", "Sequences preempted (KV blocks reclaimed).", None),
     ("flexspec:engine_steps", "num_steps_by_mode", "Engine steps by execution mode chosen.", "mode"),
-    ("flexspec:engine_step_seconds", "step_seconds_by_mode", "Engine step wall time by execution mode.", "mode"),
+    (
+        "flexspec:engine_step_seconds",
+        "step_seconds_by_mode",
+        "Engine step wall time by execution mode.",
+        "mode",
+    ),
     # Speculative decoding (vLLM names), once the engine reports them in its snapshot:
     # ("vllm:spec_decode_num_drafts", "spec_decode_num_drafts", "...", None),
     # ("vllm:spec_decode_num_draft_tokens", "spec_decode_num_draft_tokens", "...", None),
@@ -38,12 +43,80 @@ ENGINE_COUNTERS: list[tuple[str, str, str, str | None]] = [
     # ("vllm:spec_decode_num_accepted_tokens_per_pos", "spec_decode_num_accepted_tokens_per_pos", "...", "position"),
 ]
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-               1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-               960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class EngineStatsCollector:
@@ -72,7 +145,13 @@ class EngineStatsCollector:
                     value = snap.get(field)
                     if value is None:
                         continue
-                    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else None
+                    items = (
+                        value.items()
+                        if isinstance(value, dict)
+                        else enumerate(value)
+                        if isinstance(value, list)
+                        else None
+                    )
                     if items is None:
                         metric.add_metric([self.model_name, engine], float(value))
                     else:
@@ -90,18 +169,32 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         reg, lab = self.registry, ["model_name"]
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", lab, registry=reg)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Generation tokens produced.", lab, registry=reg)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Generation tokens produced.", lab, registry=reg
+        )
         self.request_success = Counter(
             "vllm:request_success", "Finished requests.", lab + ["finished_reason"], registry=reg
         )
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Time to first token.", lab, buckets=TTFT_BUCKETS, registry=reg
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            lab,
+            buckets=TTFT_BUCKETS,
+            registry=reg,
         )
         self.itl = Histogram(
-            "vllm:inter_token_latency_seconds", "Time between streamed chunks.", lab, buckets=ITL_BUCKETS, registry=reg
+            "vllm:inter_token_latency_seconds",
+            "Time between streamed chunks.",
+            lab,
+            buckets=ITL_BUCKETS,
+            registry=reg,
         )
         self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", lab, buckets=E2E_BUCKETS, registry=reg
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            lab,
+            buckets=E2E_BUCKETS,
+            registry=reg,
         )
         self.engines = EngineStatsCollector(model_name)
         reg.register(self.engines)  # type: ignore[arg-type]
@@ -109,7 +202,7 @@ class ServerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def tracker(self) -> "RequestTracker":
+    def tracker(self) -> RequestTracker:
         return RequestTracker(self)
 
 

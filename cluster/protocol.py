@@ -43,7 +43,7 @@ class ChatMessage(_OpenAIModel):
         return {"role": role, "content": content or ""}
 
 
-class _SamplingRequest(_OpenAIModel):
+class SamplingRequest(_OpenAIModel):
     """Fields shared by chat and text completions."""
 
     model: str = Field(..., description="Served model name (see /v1/models).")
@@ -67,7 +67,7 @@ class _SamplingRequest(_OpenAIModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def _limit(self) -> int | None:
+    def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
     def _num_logprobs(self) -> int | None:
@@ -81,7 +81,9 @@ class _SamplingRequest(_OpenAIModel):
         if self.logit_bias:
             raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
         if self.stream_options is not None and not self.stream:
-            raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
+            raise InvalidRequestError(
+                "stream_options is only allowed when stream is true", param="stream_options"
+            )
 
     def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
         """Validated engine parameters for choice ``choice`` (seeded choices get seed + choice so they differ).
@@ -103,16 +105,18 @@ class _SamplingRequest(_OpenAIModel):
         return SamplingParams(**values)
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, description="Preferred over max_tokens when both are set.")
+    max_completion_tokens: int | None = Field(
+        None, description="Preferred over max_tokens when both are set."
+    )
     logprobs: bool = False
     top_logprobs: int | None = Field(None, description="0-20 alternatives per token; needs logprobs=true.")
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
 
-    def _limit(self) -> int | None:
+    def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def _num_logprobs(self) -> int | None:
@@ -127,18 +131,22 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.tool_choice not in (None, "none", "auto"):
             raise InvalidRequestError("tool_choice is not supported", param="tool_choice")
         if self.response_format and self.response_format.get("type", "text") != "text":
-            raise InvalidRequestError("only response_format type 'text' is supported", param="response_format")
+            raise InvalidRequestError(
+                "only response_format type 'text' is supported", param="response_format"
+            )
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
 
     def max_output_tokens(self, prompt_len: int, max_model_len: int) -> int:
         """The request's limit, or whatever context is left (OpenAI's chat default)."""
-        limit = self._limit()
+        limit = self.requested_max_tokens()
         return limit if limit is not None else max(1, max_model_len - prompt_len)
 
 
-class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(..., description="Text(s) or token id list(s).")
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        ..., description="Text(s) or token id list(s)."
+    )
     logprobs: int | None = Field(None, description="Top-n alternatives per token (0-20).")
     echo: bool = False
     suffix: str | None = None
@@ -169,5 +177,5 @@ class CompletionRequest(_SamplingRequest):
 
     def max_output_tokens(self, prompt_len: int, max_model_len: int) -> int:
         """The request's limit, or OpenAI's legacy completions default of 16."""
-        limit = self._limit()
+        limit = self.requested_max_tokens()
         return limit if limit is not None else 16

@@ -51,7 +51,9 @@ class LLMServer:
         engine_factory: builds the engine from ``args`` (tests may inject one).
     """
 
-    def __init__(self, args: ServeArgs | dict, engine_factory: Callable[[ServeArgs], Any] = build_engine) -> None:
+    def __init__(
+        self, args: ServeArgs | dict, engine_factory: Callable[[ServeArgs], Any] = build_engine
+    ) -> None:
         self.args = args if isinstance(args, ServeArgs) else ServeArgs.model_validate(args)
         self.engine = engine_factory(self.args)
         self.controller = EngineController(self.engine).start()
@@ -62,22 +64,28 @@ class LLMServer:
 
     async def chat(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Stream chunks of a chat completion (``request`` is the raw OpenAI JSON body)."""
-        async for chunk in self._guard(lambda: self.serving.chat(ChatCompletionRequest.model_validate(request))):
+        async for chunk in self._guard(
+            lambda: self.serving.chat(ChatCompletionRequest.model_validate(request))
+        ):
             yield chunk
 
     async def completion(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Stream chunks of a text completion."""
-        async for chunk in self._guard(lambda: self.serving.completion(CompletionRequest.model_validate(request))):
+        async for chunk in self._guard(
+            lambda: self.serving.completion(CompletionRequest.model_validate(request))
+        ):
             yield chunk
 
-    async def _guard(self, make: Callable[[], AsyncIterator[dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
+    async def _guard(
+        self, make: Callable[[], AsyncIterator[dict[str, Any]]]
+    ) -> AsyncIterator[dict[str, Any]]:
         """Turn exceptions into one error chunk; attach this engine's snapshot to the usage chunk."""
         try:
             async for chunk in make():
                 if not chunk["choices"] and "usage" in chunk:
                     chunk["_engine"] = self.stats()
                 yield chunk
-        except Exception as e:  # noqa: BLE001 - typed errors become OpenAI errors; others 500
+        except Exception as e:
             wire = to_wire(e)
             if wire["status"] >= 500:
                 log.exception("request failed")
@@ -85,8 +93,11 @@ class LLMServer:
 
     def stats(self) -> dict[str, Any]:
         """This engine's snapshot (metrics), tagged with the replica id."""
-        return {"engine": self.replica_id, "healthy": self.controller.healthy,
-                **dataclasses.asdict(self.controller.snapshot)}
+        return {
+            "engine": self.replica_id,
+            "healthy": self.controller.healthy,
+            **dataclasses.asdict(self.controller.snapshot),
+        }
 
     def model_info(self) -> dict[str, Any]:
         return {"model": self.args.engine.model, "max_model_len": self.args.engine.max_model_len}
@@ -103,8 +114,8 @@ class LLMServer:
     def __del__(self) -> None:  # Serve calls this when it stops the replica
         try:
             self.shutdown()
-        except Exception:  # noqa: BLE001 - best effort at interpreter exit
-            pass
+        except Exception:
+            log.debug("shutdown failed", exc_info=True)
 
 
 def _replica_id() -> str:

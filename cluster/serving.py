@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from cluster.controller import EngineController
-from cluster.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
+from cluster.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from configs.sampling import SamplingParams
 from flexspec.engine.outputs import RequestOutput
 from flexspec.engine.sequence import TokenLogprob
@@ -31,7 +31,9 @@ class OpenAIServing:
         max_model_len: context limit used for default ``max_tokens`` and the 400 on overflow.
     """
 
-    def __init__(self, controller: EngineController, tokenizer: Any, model_name: str, max_model_len: int) -> None:
+    def __init__(
+        self, controller: EngineController, tokenizer: Any, model_name: str, max_model_len: int
+    ) -> None:
         self.controller = controller
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -45,13 +47,25 @@ class OpenAIServing:
         jobs = self._jobs(req, [prompt], param="messages")
         head = self._head(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion.chunk")
         for i in range(len(jobs)):  # role first, as OpenAI does
-            yield head | {"choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None}]}
+            yield head | {
+                "choices": [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            }
         async for index, out in self._run(jobs):
             if not (out.new_text or out.finished or (req.logprobs and out.new_logprobs)):
                 continue  # tokens whose text is held back (partial UTF-8 / possible stop string)
-            choice: dict[str, Any] = {"index": index, "delta": {"content": out.new_text} if out.new_text else {},
-                                      "logprobs": None, "finish_reason": out.finish_reason}
+            choice: dict[str, Any] = {
+                "index": index,
+                "delta": {"content": out.new_text} if out.new_text else {},
+                "logprobs": None,
+                "finish_reason": out.finish_reason,
+            }
             if req.logprobs:
                 choice["logprobs"] = {"content": [self._chat_logprob(lp) for lp in out.new_logprobs]}
             yield head | {"choices": [choice]}
@@ -75,8 +89,12 @@ class OpenAIServing:
         async for index, out in self._run(jobs):
             if not (out.new_text or out.finished or (req.logprobs is not None and out.new_logprobs)):
                 continue
-            choice: dict[str, Any] = {"index": index, "text": out.new_text, "logprobs": None,
-                                      "finish_reason": out.finish_reason}
+            choice: dict[str, Any] = {
+                "index": index,
+                "text": out.new_text,
+                "logprobs": None,
+                "finish_reason": out.finish_reason,
+            }
             if req.logprobs is not None:
                 toks = [self._token_str(lp.token_id) for lp in out.new_logprobs]
                 text_offset = []
@@ -93,7 +111,7 @@ class OpenAIServing:
         yield head | {"choices": [], "usage": self._usage(jobs)}
 
     # ---- shared ---------------------------------------------------------------------------------------------
-    def _jobs(self, req: _SamplingRequest, prompts: list[list[int]], param: str) -> list["_Job"]:
+    def _jobs(self, req: SamplingRequest, prompts: list[list[int]], param: str) -> list[_Job]:
         """One engine request per (prompt, choice); index = prompt * n + choice, as OpenAI numbers them."""
         jobs = []
         rid = uuid.uuid4().hex
@@ -116,7 +134,7 @@ class OpenAIServing:
                 jobs.append(_Job(f"{rid}-{index}", index, p, ids, req.sampling_params(limit, c)))
         return jobs
 
-    async def _run(self, jobs: list["_Job"]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async def _run(self, jobs: list[_Job]) -> AsyncIterator[tuple[int, RequestOutput]]:
         by_id = {j.request_id: j for j in jobs}
         gen = self.controller.generate([(j.request_id, j.prompt_token_ids, j.params) for j in jobs])
         try:
@@ -127,7 +145,7 @@ class OpenAIServing:
         finally:
             await gen.aclose()  # aborts whatever did not finish (client gone, request cancelled)
 
-    def _usage(self, jobs: list["_Job"]) -> dict[str, int]:
+    def _usage(self, jobs: list[_Job]) -> dict[str, int]:
         prompt = sum(len(ids) for ids in {j.prompt_index: j.prompt_token_ids for j in jobs}.values())
         completion = sum(j.num_output_tokens for j in jobs)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
@@ -142,9 +160,11 @@ class OpenAIServing:
 class _Job:
     """One engine request of an OpenAI request: choice ``index`` of prompt ``prompt_index``."""
 
-    __slots__ = ("request_id", "index", "prompt_index", "prompt_token_ids", "params", "num_output_tokens")
+    __slots__ = ("index", "num_output_tokens", "params", "prompt_index", "prompt_token_ids", "request_id")
 
-    def __init__(self, request_id: str, index: int, prompt_index: int, ids: list[int], params: SamplingParams):
+    def __init__(
+        self, request_id: str, index: int, prompt_index: int, ids: list[int], params: SamplingParams
+    ):
         self.request_id = request_id
         self.index = index
         self.prompt_index = prompt_index

@@ -24,18 +24,27 @@ class AutoscalingArgs(BaseModel):
 
     min_replicas: int = Field(1, ge=0, description="Fewest replicas (0 = scale to zero when idle).")
     max_replicas: int = Field(1, ge=1, description="Most replicas.")
-    initial_replicas: int | None = Field(None, ge=0, description="Replicas at deploy time (default: min_replicas).")
+    initial_replicas: int | None = Field(
+        None, ge=0, description="Replicas at deploy time (default: min_replicas)."
+    )
     target_ongoing_requests: float = Field(
         16.0, gt=0, description="Ongoing requests per replica the autoscaler aims for."
     )
-    upscale_delay_s: float = Field(30.0, ge=0, description="Seconds of sustained load before adding replicas.")
+    upscale_delay_s: float = Field(
+        30.0, ge=0, description="Seconds of sustained load before adding replicas."
+    )
     downscale_delay_s: float = Field(600.0, ge=0, description="Seconds of low load before removing replicas.")
 
     @model_validator(mode="after")
-    def _bounds(self) -> "AutoscalingArgs":
+    def _bounds(self) -> AutoscalingArgs:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
-        if self.initial_replicas is not None and not self.min_replicas <= self.initial_replicas <= self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})"
+            )
+        if (
+            self.initial_replicas is not None
+            and not self.min_replicas <= self.initial_replicas <= self.max_replicas
+        ):
             raise ValueError("initial_replicas must lie in [min_replicas, max_replicas]")
         return self
 
@@ -50,7 +59,9 @@ class DeploymentArgs(BaseModel):
         64, gt=0, description="Requests in flight per replica (keep >= engine.max_num_seqs to fill batches)."
     )
     max_queued_requests: int = Field(
-        256, ge=-1, description="Requests queued at each caller before rejecting with 503/429 (-1 = unbounded)."
+        256,
+        ge=-1,
+        description="Requests queued at each caller before rejecting with 503/429 (-1 = unbounded).",
     )
     backpressure_status_code: Literal[429, 503] = Field(503, description="HTTP status of rejected requests.")
     retry_after_s: int = Field(1, ge=0, description="Retry-After header (seconds) on overload responses.")
@@ -77,14 +88,20 @@ class ServeArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    engine: EngineConfig = Field(default_factory=EngineConfig, description="Engine settings (one per replica).")
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig, description="Engine settings (one per replica)."
+    )
     model: str | None = Field(None, description="Shortcut for engine.model.")
-    tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="Shortcut for engine.tensor_parallel_size.")
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, le=64, description="Shortcut for engine.tensor_parallel_size."
+    )
     speculative_config: SpeculativeConfig | None = Field(
         None, description="Shortcut for engine.speculative_config (vLLM --speculative-config fields)."
     )
     served_model_name: str | None = Field(
-        None, min_length=1, description="Model name clients send and /v1/models lists (default: engine.model)."
+        None,
+        min_length=1,
+        description="Model name clients send and /v1/models lists (default: engine.model).",
     )
     executor: Literal["auto", "local", "ray"] = Field(
         "auto",
@@ -103,15 +120,25 @@ class ServeArgs(BaseModel):
     execute_timeout_s: float = Field(
         300.0, gt=0, description="Watchdog: a step whose ranks do not all answer in time fails the replica."
     )
-    deployment: DeploymentArgs = Field(default_factory=DeploymentArgs, description="Engine deployment options.")
+    deployment: DeploymentArgs = Field(
+        default_factory=DeploymentArgs, description="Engine deployment options."
+    )
     ingress: IngressArgs = Field(default_factory=IngressArgs, description="HTTP ingress options.")
 
     @model_validator(mode="after")
-    def _merge_shortcuts(self) -> "ServeArgs":
-        given = {k: getattr(self, k) for k in _SHORTCUTS if k in self.model_fields_set and getattr(self, k) is not None}
-        clash = [k for k in given if k in self.engine.model_fields_set and getattr(self.engine, k) != given[k]]
+    def _merge_shortcuts(self) -> ServeArgs:
+        given = {
+            k: getattr(self, k)
+            for k in _SHORTCUTS
+            if k in self.model_fields_set and getattr(self, k) is not None
+        }
+        clash = [
+            k for k in given if k in self.engine.model_fields_set and getattr(self.engine, k) != given[k]
+        ]
         if clash:
-            raise ValueError(f"{', '.join(clash)} given both at top level and under engine with different values")
+            raise ValueError(
+                f"{', '.join(clash)} given both at top level and under engine with different values"
+            )
         if given:
             # Re-validate so the engine's cross-field checks (e.g. drafter TP = 1 or target TP) see the merge.
             merged = self.engine.model_dump(exclude_unset=True) | {
@@ -119,7 +146,9 @@ class ServeArgs(BaseModel):
             }
             self.engine = EngineConfig.model_validate(merged)
         if self.executor == "local" and self.engine.tensor_parallel_size > 1:
-            raise ValueError("executor 'local' runs TP=1 only; use 'ray' or 'auto' for tensor_parallel_size > 1")
+            raise ValueError(
+                "executor 'local' runs TP=1 only; use 'ray' or 'auto' for tensor_parallel_size > 1"
+            )
         return self
 
     @property

@@ -142,5 +142,11 @@ def serve(
     raise typer.Exit(serve_forever(path, address=address, num_cpus=num_cpus, host=host, port=port))
 
 
+# Drafter training (issue 5): the command lives in flexspec/train/cli.py.
+from flexspec.train.cli import train_drafter  # noqa: E402
+
+app.command("train-drafter")(train_drafter)
+
+
 if __name__ == "__main__":
     app()

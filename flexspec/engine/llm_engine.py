@@ -146,7 +146,10 @@ class LLMEngine:
                 if p.logprobs is not None:
                     num_logprobs = max(num_logprobs or 0, p.logprobs)
         inp.num_logprobs = num_logprobs
-        inp.num_speculative_tokens = self.policy.num_speculative_tokens(sched) if self.policy else 0
+        if self.policy is not None:
+            decision = self.policy.decide(sched)
+            inp.num_speculative_tokens = decision.num_speculative_tokens
+            inp.spec_mode = decision.mode
         inp.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
         return inp
 
@@ -160,8 +163,11 @@ class LLMEngine:
                 return [self._output(seq, [], "", [])]
             return []
         inp = self.build_model_input(sched)
+        t0 = time.perf_counter()
         out = self.executor.execute(inp)
+        elapsed = time.perf_counter() - t0
         self.stats.num_steps += 1
+        step_metrics = SpecDecodingMetrics()
         outputs: list[RequestOutput] = []
         i = 0
         for s in sched.scheduled:
@@ -174,7 +180,7 @@ class LLMEngine:
             accepted = len(tokens) - 1
             if accepted > s.num_draft_tokens:
                 raise RuntimeError(f"executor emitted {len(tokens)} tokens for {s.num_draft_tokens} drafts")
-            self.spec_metrics.observe(s.num_draft_tokens, accepted)
+            step_metrics.observe(s.num_draft_tokens, accepted)
             # K/V of rejected drafts stay in the cache but are overwritten: only accepted positions count.
             seq.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens + accepted
             lps = None
@@ -188,6 +194,9 @@ class LLMEngine:
             i += 1
             outputs.append(self.append_tokens(seq, tokens, lps))
             seq.draft_token_ids = [] if seq.is_finished else list(drafts)
+        self.spec_metrics.merge(step_metrics)
+        if self.policy is not None and all(s.samples for s in sched.scheduled):
+            self.policy.observe(inp.spec_mode, len(sched.scheduled), elapsed, step_metrics.per_position_acceptance)
         return outputs
 
     def append_tokens(

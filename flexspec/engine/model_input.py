@@ -25,6 +25,7 @@ class ModelInput:
     samples: list[bool] = field(default_factory=list)  # [S] the step emits tokens for this sequence
     max_lens: list[int] = field(default_factory=list)  # [S] min(prompt + max_tokens, max_model_len)
     num_speculative_tokens: int = 0  # drafts to propose for the next step (0 = speculation off)
+    spec_mode: str = "decoupled"  # "parallel" (draft inside the verification forward) | "decoupled"
     finished_seq_ids: list[int] = field(default_factory=list)  # drafter state to free
 
     @property

@@ -162,12 +162,16 @@ class ModelRunner:
         return t(inp.input_ids, torch.int64), meta
 
     @torch.inference_mode()
-    def forward(self, inp: ModelInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Run the model; returns (logits [N, V] fp32 for ``logits_indices``, captured hidden [T, H] each)."""
-        if self.graphs is not None and not inp.capture_layers and self.graphs.can_run(inp):
+    def forward(self, inp: ModelInput, side=None) -> tuple[torch.Tensor, list[torch.Tensor]]:  # noqa: ANN001
+        """Run the model; returns (logits [N, V] fp32 for ``logits_indices``, captured hidden [T, H] each).
+
+        ``side`` (a ``SideStream``) adds tokens that join at a later layer (FlexDraft parallel mode).
+        """
+        if side is None and self.graphs is not None and not inp.capture_layers and self.graphs.can_run(inp):
             return self.graphs.run(inp), []
         input_ids, meta = self.build_metadata(inp)
-        hidden, captured = self.model(input_ids, meta, capture_layers=inp.capture_layers)
+        kwargs = {"side": side} if side is not None else {}
+        hidden, captured = self.model(input_ids, meta, capture_layers=inp.capture_layers, **kwargs)
         logits = self.model.compute_logits(hidden[meta.logits_indices])
         return logits, captured
 

@@ -12,6 +12,7 @@ from flexspec.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from flexspec.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from flexspec.layers.norm import RMSNorm
 from flexspec.layers.rotary import RotaryEmbedding
+from flexspec.models.side_stream import SideStream
 from flexspec.models.spec import ModelSpec
 
 
@@ -95,6 +96,44 @@ class LlamaDecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm.forward_residual(x, residual)
         return self.mlp(x), residual
 
+    def forward_with_side(
+        self,
+        x: torch.Tensor,  # [T, H] target tokens
+        residual: torch.Tensor,
+        meta: AttentionMetadata,
+        sx: torch.Tensor,  # [M, H] side tokens
+        sres: torch.Tensor | None,
+        side_meta: AttentionMetadata,
+        side_attn: nn.Module,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer for target tokens and side tokens: separate attention (target first, so side tokens see
+        the K/V it just wrote), shared norms and one MLP GEMM over both."""
+        T = x.shape[0]
+        x, residual = self.input_layernorm.forward_residual(x, residual)
+        if sres is None:
+            sres, sx = sx, self.input_layernorm(sx)
+        else:
+            sx, sres = self.input_layernorm.forward_residual(sx, sres)
+        x = self.self_attn(x, meta)
+        sx = side_attn(sx, side_meta)
+        both, both_res = self.post_attention_layernorm.forward_residual(
+            torch.cat([x, sx]), torch.cat([residual, sres])
+        )
+        both = self.mlp(both)
+        return both[:T], both_res[:T], both[T:], both_res[T:]
+
+    def forward_side(
+        self, sx: torch.Tensor, sres: torch.Tensor | None, side_meta: AttentionMetadata, side_attn: nn.Module
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer for side tokens only (FlexDraft's decoupled mode)."""
+        if sres is None:
+            sres, sx = sx, self.input_layernorm(sx)
+        else:
+            sx, sres = self.input_layernorm.forward_residual(sx, sres)
+        sx = side_attn(sx, side_meta)
+        sx, sres = self.post_attention_layernorm.forward_residual(sx, sres)
+        return self.mlp(sx), sres
+
 
 class LlamaForCausalLM(nn.Module):
     """Decoder-only LM. ``forward`` returns final hidden states [T, H] and the captured layer outputs."""
@@ -129,17 +168,38 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         capture_layers: tuple[int, ...] = (),
         inputs_embeds: torch.Tensor | None = None,  # [T, H] overrides the embedding lookup
+        side: SideStream | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Returns (final-norm hidden states [T, H], outputs of ``capture_layers`` [T, H] each)."""
+        """Returns (final-norm hidden states [T, H], outputs of ``capture_layers`` [T, H] each, ascending).
+
+        With ``side``, its tokens join at ``side.start_layer``; their final-norm hidden goes to ``side.out``.
+        """
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         residual = None
         captured: list[torch.Tensor] = []
+        sx, sres = (side.hidden, None) if side is not None else (None, None)
         for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, meta)
+            if side is not None and i >= side.start_layer:
+                assert residual is not None and sx is not None, "side stream cannot start at layer 0"
+                x, residual, sx, sres = layer.forward_with_side(
+                    x, residual, meta, sx, sres, side.meta, side.attn[i - side.start_layer]
+                )
+            else:
+                x, residual = layer(x, residual, meta)
             if i in capture_layers:
                 captured.append(x + residual)
         x, _ = self.norm.forward_residual(x, residual)
+        if side is not None:
+            side.out = self.norm(sx + sres) if sres is not None else self.norm(sx)
         return x, captured
+
+    def forward_side_only(self, side: SideStream) -> torch.Tensor:
+        """Run only layers >= side.start_layer over the side tokens; returns final-norm hidden [M, H]."""
+        sx, sres = side.hidden, None
+        for i in range(side.start_layer, len(self.layers)):
+            sx, sres = self.layers[i].forward_side(sx, sres, side.meta, side.attn[i - side.start_layer])
+        side.out = self.norm(sx + sres) if sres is not None else self.norm(sx)
+        return side.out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
         return self.lm_head(hidden).float()

@@ -114,6 +114,7 @@ def load_weights(model: nn.Module, folder: Path, strip_prefixes: tuple[str, ...]
     packed = getattr(model, "packed_modules_mapping", {})
     prefixes = strip_prefixes + ("model.language_model.", "language_model.model.", "model.")
     tied = getattr(getattr(model, "spec", None), "tie_word_embeddings", False)
+    num_layers = getattr(getattr(model, "spec", None), "num_layers", None)
     loaded: set[str] = set()
     files = sorted(folder.glob("*.safetensors"))
     for file in files:
@@ -128,6 +129,8 @@ def load_weights(model: nn.Module, folder: Path, strip_prefixes: tuple[str, ...]
                     if tied and name == "lm_head.weight":
                         continue
                     if "rotary_emb.inv_freq" in name or name.startswith(("vision_tower.", "multi_modal")):
+                        continue
+                    if _is_mtp_tensor(name, num_layers):  # the model's own MTP modules: flexspec.spec.mtp
                         continue
                     shard_id = None
                     for frag, (fused, sid) in packed.items():
@@ -157,3 +160,13 @@ def load_weights(model: nn.Module, folder: Path, strip_prefixes: tuple[str, ...]
     missing = [n for n in params if n not in loaded_params and not (tied and n == "lm_head.weight")]
     if missing:
         raise ModelLoadError(f"{folder}: checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")
+
+
+def _is_mtp_tensor(name: str, num_layers: int | None) -> bool:
+    """Multi-token-prediction weights (Qwen3-Next/3.5 ``mtp.*``; DeepSeek-V3 ``layers.{i >= num_layers}``)."""
+    if name.startswith("mtp."):
+        return True
+    if num_layers is None or not name.startswith("layers."):
+        return False
+    idx = name.split(".", 2)[1]
+    return idx.isdigit() and int(idx) >= num_layers

@@ -70,6 +70,11 @@ class Drafter(ABC):
         """Device memory the drafter holds (weights + caches), counted against the KV-cache budget."""
         return 0
 
+    def begin_step(self, inp):  # noqa: ANN001, ANN201 - ModelInput -> SideStream | None
+        """Called before the target forward. Drafters that draft inside the target forward (FlexDraft's
+        parallel mode) return the ``SideStream`` of tokens to add to it; others return None."""
+        return None
+
     def allocate(self, num_kv_blocks: int) -> None:
         """Called once after the target's KV cache exists (drafters with their own caches size them here)."""
 

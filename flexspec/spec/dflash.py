@@ -2,16 +2,16 @@
 
 Each step, for every sequence of the batch:
 1. *Context*: the target features of the newly committed positions (read in place from this step's target
-   forward, ``capture_layers = target_layer_ids``) become each drafter layer's context K/V, written once into the
-   drafter's own paged cache (:class:`DraftKVCache`) at those positions. Prefill chunks that emit nothing are
-   cached too.
-2. *Block*: sequences that want drafts run one block ``[bonus, MASK x (B-1)]`` at positions ``L-1 .. L+B-2`` over
-   their cached context (non-causal inside the block; block K/V are never cached), all sequences in one varlen
-   forward. Drafts = argmax of the target's LM head at the first ``k`` mask positions (deterministic drafts: the
-   verifier's deterministic-draft rule keeps T > 0 exact).
+   forward, ``capture_layers = target_layer_ids``) become each drafter layer's context K/V, written once into
+   the drafter's own paged cache (:class:`DraftKVCache`) at those positions. Prefill chunks that emit nothing
+   are cached too.
+2. *Block*: sequences that want drafts run one block ``[bonus, MASK x (B-1)]`` at positions ``L-1 .. L+B-2``
+   over their cached context (non-causal inside the block; block K/V are never cached), all sequences in one
+   varlen forward. Drafts = argmax of the target's LM head at the first ``k`` mask positions (deterministic
+   drafts: the verifier's deterministic-draft rule keeps T > 0 exact).
 
-``num_speculative_tokens`` = min(config's, B - 1). Sequences whose context misses positions (cache evicted under
-memory pressure) still draft — worse drafts, same output.
+``num_speculative_tokens`` = min(config's, B - 1). Sequences whose context misses positions (cache evicted
+under memory pressure) still draft — worse drafts, same output.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from typing import ClassVar
 import torch
 
 from flexspec.models.loader import resolve_model_dir
-from flexspec.spec.base import DraftProposal, Drafter, SeqDraftInput
+from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput
 from flexspec.spec.models.checkpoint import read_config
 from flexspec.spec.models.dflash_model import DFlashDraftModel
 from flexspec.spec.models.draft_kv import DraftKVCache
 from flexspec.spec.registry import register
+from kernels import pack_masks
 
 
 @register
@@ -33,7 +34,7 @@ class DFlashDrafter(Drafter):
     method = "dflash"
     model_class: ClassVar[type[DFlashDraftModel]] = DFlashDraftModel
 
-    def __init__(self, config, runner) -> None:  # noqa: ANN001 - configs.speculative.DFlashConfig, ModelRunner
+    def __init__(self, config, runner) -> None:  # noqa: ANN001 - speculative.DFlashConfig, ModelRunner
         super().__init__(config, runner)
         self.target = runner.model
         self.device = runner.device
@@ -63,7 +64,7 @@ class DFlashDrafter(Drafter):
             dtype=runner.dtype,
             device=runner.device,
         )
-        self._block_mask = torch.ones(self.block_size, self.block_size, dtype=torch.bool)  # [B, B] non-causal
+        self._packed_masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # S -> packed block masks
 
     # ---- Drafter interface --------------------------------------------------------------------------------
     @property
@@ -113,7 +114,9 @@ class DFlashDrafter(Drafter):
                 slots.append(self.cache.slot(b.seq_id, pos))
         if rows:
             idx = torch.tensor(rows, device=self.device)
-            feats = torch.cat([captured[j].index_select(0, idx) for j in self._feature_index], dim=-1)  # [N, n*H]
+            feats = torch.cat(
+                [captured[j].index_select(0, idx) for j in self._feature_index], dim=-1
+            )  # [N, n*H]
             self.model.store_context(
                 feats, torch.tensor(positions, device=self.device), torch.tensor(slots, device=self.device)
             )
@@ -128,10 +131,9 @@ class DFlashDrafter(Drafter):
             L = len(b.token_ids)
             ids += [b.token_ids[-1]] + [self.model.mask_token_id] * (B - 1)
             positions.append(list(range(L - 1, L - 1 + B)))
-        meta = self.cache.metadata(
-            [b.seq_id for b in items], positions, [len(b.token_ids) - 1 for b in items], store=False,
-            masks=[self._block_mask] * S,
-        )  # fmt: skip
+        ctx_lens = [len(b.token_ids) - 1 for b in items]
+        meta = self.cache.metadata([b.seq_id for b in items], positions, ctx_lens, store=False)
+        meta.mask, meta.mask_start_loc = self._block_masks(S)
         embeds = self.target.embed_tokens(torch.tensor(ids, device=self.device))  # [S*B, H]
         if self.model.config.input_embedding_scale != 1.0:
             embeds = embeds * self.model.config.input_embedding_scale
@@ -140,7 +142,16 @@ class DFlashDrafter(Drafter):
         logits = self.model.compute_logits(hidden.reshape(S * K, -1), self.target.lm_head).view(S, K, -1)
         return self._select(items, hidden, logits)
 
-    def _select(self, items: list[SeqDraftInput], hidden: torch.Tensor, logits: torch.Tensor) -> list[list[int]]:
+    def _block_masks(self, num_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed non-causal [B, B] masks of ``num_seqs`` blocks (cached per batch size, on the device)."""
+        if num_seqs not in self._packed_masks:
+            ones = torch.ones(self.block_size, self.block_size, dtype=torch.bool, device=self.device)
+            self._packed_masks[num_seqs] = pack_masks([ones] * num_seqs)
+        return self._packed_masks[num_seqs]
+
+    def _select(
+        self, items: list[SeqDraftInput], hidden: torch.Tensor, logits: torch.Tensor
+    ) -> list[list[int]]:
         """hidden [S, K, H], logits [S, K, V] fp32 -> greedy drafts, ``min(num_drafts, k)`` per sequence."""
         greedy = logits.argmax(-1).tolist()  # [S][K]
         return [g[: min(b.num_drafts, self.num_speculative_tokens)] for b, g in zip(items, greedy)]

@@ -1,9 +1,9 @@
 """DSpark drafter (arXiv 2607.05147; deepseek-ai/DeepSpec), method ``dspark``.
 
-The DFlash drafting loop (context cache, one non-causal block per sequence) with two changes in how the block's
-outputs become drafts (:mod:`flexspec.spec.models.dspark_model`):
-* drafts are chosen position by position with the low-rank Markov bias of the previous draft (the anchor for the
-  first), so position i sees what was actually drafted at i-1;
+The DFlash drafting loop (context cache, one non-causal block per sequence) with two changes in how the
+block's outputs become drafts (:mod:`flexspec.spec.models.dspark_model`):
+* drafts are chosen position by position with the low-rank Markov bias of the previous draft (the anchor for
+  the first), so position i sees what was actually drafted at i-1;
 * the confidence head cuts the proposal: verification stops after the first draft whose confidence is below
   ``confidence_threshold`` (that draft is still proposed; 0 keeps every draft).
 """
@@ -35,7 +35,9 @@ class DSparkDrafter(DFlashDrafter):
     model_class: ClassVar[type[DFlashDraftModel]] = DSparkDraftModel
     model: DSparkDraftModel
 
-    def _select(self, items: list[SeqDraftInput], hidden: torch.Tensor, logits: torch.Tensor) -> list[list[int]]:
+    def _select(
+        self, items: list[SeqDraftInput], hidden: torch.Tensor, logits: torch.Tensor
+    ) -> list[list[int]]:
         anchors = torch.tensor([b.token_ids[-1] for b in items], device=self.device)
         tokens = self.model.select(logits, anchors).tolist()  # [S][K]
         threshold = self.config.confidence_threshold

@@ -1,24 +1,112 @@
-"""Per-batch speculation decision, made once by the engine and sent to every TP rank inside ModelInput.
+"""Per-batch execution choice, made once by the engine and sent to every TP rank inside ModelInput.
 
-Ranks that disagreed on whether to draft would deadlock in collectives (a known vLLM hang), so no rank ever
-decides on its own. This base policy implements vLLM's ``disable_by_batch_size``; the cost-model policy for
-FlexDraft's parallel / decoupled modes extends it.
+Ranks that disagreed on whether or how to draft would deadlock in collectives (a known vLLM hang), so no
+rank ever decides on its own. Each step the policy picks how to draft for the next step:
+
+* ``plain``     — no drafts (plain decoding),
+* ``decoupled`` — verify, then draft in a separate (small) forward,
+* ``parallel``  — draft inside the verification forward (FlexDraft only: O(B^2) extra tokens per sequence).
+
+With ``execution: auto`` it maximises expected emitted tokens per second = E[tokens per step] / step time,
+where E[tokens per step] = 1 + sum_i (per-position acceptance i) from the running acceptance statistics and
+step times are measured online per (mode, batch-size bucket): every option is tried a few times first (the
+warm-up profile), then the best is exploited, and the runner-up is re-measured periodically so the model
+tracks drift. ``disable_by_batch_size`` (vLLM) forces plain decoding above a batch size.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from configs.engine import EngineConfig
 from flexspec.engine.scheduler import SchedulerOutput
 
+WARMUP_SAMPLES = 3  # measurements per (mode, bucket) before the policy trusts it
+REEXPLORE_EVERY = 64  # decisions per bucket between re-measurements of the runner-up
+EMA = 0.2
 
+
+def batch_bucket(num_seqs: int) -> int:
+    """Batch sizes grouped by powers of two: 1, 2, 4, 8, ..."""
+    b = 1
+    while b < num_seqs:
+        b *= 2
+    return b
+
+
+@dataclass
+class _Stat:
+    n: int = 0
+    seconds: float = 0.0  # EMA of step time
+
+    def add(self, t: float) -> None:
+        self.seconds = t if self.n == 0 else (1 - EMA) * self.seconds + EMA * t
+        self.n += 1
+
+
+@dataclass
+class Decision:
+    mode: str  # "plain" | "decoupled" | "parallel"
+    num_speculative_tokens: int
+
+
+@dataclass
 class SpeculationPolicy:
-    def __init__(self, config: EngineConfig) -> None:
-        assert config.speculative_config is not None
-        self.spec = config.speculative_config
+    config: EngineConfig
+    step_times: dict[tuple[str, int], _Stat] = field(default_factory=dict)
+    decisions: dict[int, int] = field(default_factory=dict)  # bucket -> count
+    mode_counts: dict[str, int] = field(default_factory=dict)
+    acceptance: list[float] = field(default_factory=list)  # per-position acceptance (EMA over steps)
 
-    def num_speculative_tokens(self, sched: SchedulerOutput) -> int:
-        """Drafts to propose for the next step of this batch (0 = plain decoding)."""
+    def __post_init__(self) -> None:
+        spec = self.config.speculative_config
+        assert spec is not None
+        self.spec = spec
+        if spec.execution == "parallel" and spec.method != "flexdraft":
+            raise ValueError(f"execution 'parallel' needs method 'flexdraft', not {spec.method!r}")
+        self.options = ["plain", "decoupled"] + (["parallel"] if spec.method == "flexdraft" else [])
+
+    # ---- decisions ------------------------------------------------------------------------------------------
+    def decide(self, sched: SchedulerOutput) -> Decision:
+        k = self.spec.num_speculative_tokens
+        num_seqs = len(sched.scheduled)
         limit = self.spec.disable_by_batch_size
-        if limit is not None and len(sched.scheduled) > limit:
-            return 0
-        return self.spec.num_speculative_tokens
+        if limit is not None and num_seqs > limit:
+            return self._count(Decision("plain", 0))
+        if self.spec.execution != "auto":
+            return self._count(Decision(self.spec.execution, k))
+        bucket = batch_bucket(num_seqs)
+        count = self.decisions.get(bucket, 0)
+        self.decisions[bucket] = count + 1
+        for mode in self.options:  # warm-up profile: measure every option first
+            if self.step_times.get((mode, bucket), _Stat()).n < WARMUP_SAMPLES:
+                return self._count(Decision(mode, 0 if mode == "plain" else k))
+        ranked = sorted(self.options, key=lambda m: self.expected_rate(m, bucket), reverse=True)
+        mode = ranked[1] if count % REEXPLORE_EVERY == REEXPLORE_EVERY - 1 else ranked[0]
+        return self._count(Decision(mode, 0 if mode == "plain" else k))
+
+    def _count(self, d: Decision) -> Decision:
+        self.mode_counts[d.mode] = self.mode_counts.get(d.mode, 0) + 1
+        return d
+
+    def expected_tokens_per_step(self, mode: str) -> float:
+        if mode == "plain":
+            return 1.0
+        return 1.0 + sum(self.acceptance[: self.spec.num_speculative_tokens])
+
+    def expected_rate(self, mode: str, bucket: int) -> float:
+        """Expected emitted tokens per second per sequence for ``mode`` at this batch-size bucket."""
+        stat = self.step_times.get((mode, bucket))
+        if stat is None or stat.n == 0:
+            return float("inf")
+        return self.expected_tokens_per_step(mode) / max(stat.seconds, 1e-9)
+
+    # ---- feedback -------------------------------------------------------------------------------------------
+    def observe(self, mode: str, num_seqs: int, seconds: float, per_position_acceptance: list[float] | None) -> None:
+        """Record one decode step's wall time (steps with prefill chunks are not representative: skip them)."""
+        self.step_times.setdefault((mode, batch_bucket(num_seqs)), _Stat()).add(seconds)
+        if per_position_acceptance:
+            if len(self.acceptance) < len(per_position_acceptance):
+                self.acceptance.extend([0.0] * (len(per_position_acceptance) - len(self.acceptance)))
+            for i, a in enumerate(per_position_acceptance):
+                self.acceptance[i] = (1 - EMA) * self.acceptance[i] + EMA * a if self.acceptance[i] else a

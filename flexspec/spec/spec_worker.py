@@ -41,7 +41,8 @@ class SpecDecodeWorker:
         runner = self.runner
         self._forget(inp.finished_seq_ids)
         inp.capture_layers = self.drafter.capture_layers
-        logits, captured = runner.forward(inp)
+        side = self.drafter.begin_step(inp)
+        logits, captured = runner.forward(inp, side=side)
 
         emit_idx = [s for s, smp in enumerate(inp.samples) if smp]
         num_drafts = [inp.num_draft_tokens[s] for s in emit_idx]

@@ -9,7 +9,7 @@ import pytest
 from configs import EngineConfig, SamplingParams
 from tests.conftest import DEFAULT_MODEL, real_prompts
 
-MAX_TOKENS = 24
+MAX_TOKENS = 16
 
 
 def _config(tp: int) -> EngineConfig:

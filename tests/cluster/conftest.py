@@ -17,7 +17,7 @@ APP_ARGS = {
     "speculative_config": {"method": "ngram", "num_speculative_tokens": 4},
     "engine": {"device": "cpu", "max_model_len": 1024, "max_num_seqs": 8, "max_num_batched_tokens": 1024},
     "cpus_per_worker": 2,
-    "deployment": {"max_ongoing_requests": 4, "max_queued_requests": 2, "retry_after_s": 2},
+    "deployment": {"max_ongoing_requests": 8, "max_queued_requests": 8, "retry_after_s": 2},
     "ingress": {"max_request_bytes": 65536},
 }
 

@@ -44,10 +44,11 @@ def _wait(pred, timeout_s: float = 10.0) -> None:
 
 def test_streams_equal_offline_generate(engine):
     prompts = [engine.apply_chat_template([{"role": "user", "content": q}]) for q in ("Hi!", "What is 2+2?")]
-    params = SamplingParams(max_tokens=12, temperature=0.0)
+    params = SamplingParams(max_tokens=8, temperature=0.0)
     refs = engine.generate(prompts, params)
     ctl = EngineController(engine).start()
     try:
+
         async def run() -> dict[str, list]:
             got: dict[str, list] = {"a": [], "b": []}
             async for out in ctl.generate([("a", prompts[0], params), ("b", prompts[1], params)]):
@@ -96,8 +97,9 @@ def test_rejected_request_raises_typed_error(controller, engine):
 
 def test_policy_decides_once_per_step(controller, engine):
     async def run() -> None:
-        async for _ in controller.generate([("p", engine.encode("Hello"), SamplingParams(max_tokens=5,
-                                                                                           temperature=0.0))]):
+        async for _ in controller.generate(
+            [("p", engine.encode("Hello"), SamplingParams(max_tokens=5, temperature=0.0))]
+        ):
             pass
 
     steps_before = engine.stats.num_steps
@@ -109,7 +111,9 @@ def test_policy_decides_once_per_step(controller, engine):
 
 
 def test_default_policy_modes():
-    ngram = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 8})
+    ngram = parse_speculative_config(
+        {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 8}
+    )
     view = BatchView(num_running=4, num_waiting=0, kv_cache_usage=0.1)
     assert DefaultExecutionPolicy(None).choose(view) == ExecutionDecision("plain")
     assert DefaultExecutionPolicy(ngram).choose(view) == ExecutionDecision("decoupled", 3)
@@ -132,7 +136,7 @@ class _FailingEngine:
     def has_unfinished(self) -> bool:
         return bool(self.pending)
 
-    def add_request(self, ids, params, request_id):  # noqa: ANN001
+    def add_request(self, ids, params, request_id):
         self.pending.add(request_id)
 
     def abort(self, request_id: str) -> None:

@@ -62,8 +62,13 @@ def test_gpu_presets_place_one_bundle_per_rank_strict_pack():
         ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}}, "num_speculative_tokens"),
         ({"deployment": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "min_replicas"),
         ({"placement_strategy": "SPREAD"}, "placement_strategy"),
-        ({"tensor_parallel_size": 4, "speculative_config": {"method": "ngram", "draft_tensor_parallel_size": 2}},
-         "draft_tensor_parallel_size"),
+        (
+            {
+                "tensor_parallel_size": 4,
+                "speculative_config": {"method": "ngram", "draft_tensor_parallel_size": 2},
+            },
+            "draft_tensor_parallel_size",
+        ),
         ({"model": "a", "engine": {"model": "b"}}, "model"),
         ({"executor": "local", "tensor_parallel_size": 2}, "executor"),
     ],
@@ -76,7 +81,12 @@ def test_invalid_args_fail_naming_the_field(args, field):
 
 def test_shortcuts_merge_into_engine():
     args = ServeArgs.model_validate(
-        {"model": "m", "tensor_parallel_size": 2, "speculative_config": {"method": "ngram"}, "engine": {"seed": 3}}
+        {
+            "model": "m",
+            "tensor_parallel_size": 2,
+            "speculative_config": {"method": "ngram"},
+            "engine": {"seed": 3},
+        }
     )
     assert (args.engine.model, args.engine.tensor_parallel_size, args.engine.seed) == ("m", 2, 3)
     assert args.engine.speculative_config.method == "ngram"

@@ -23,15 +23,24 @@ def test_tp2_replica_answers_like_tp1_engine(tp2_server, engine, ray_session):
     ids = engine.apply_chat_template([{"role": "user", "content": question}])
     ref = engine.generate([ids], SamplingParams(max_tokens=24, temperature=0.0))[0]
     client = openai.OpenAI(base_url=tp2_server.api, api_key="unused", max_retries=0, timeout=120)
-    chunks = list(client.chat.completions.create(
-        model=tp2_server.model, messages=[{"role": "user", "content": question}], temperature=0, max_tokens=24,
-        stream=True, stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model=tp2_server.model,
+            messages=[{"role": "user", "content": question}],
+            temperature=0,
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
     assert chunks[-1].usage.completion_tokens == len(ref.token_ids)
 
-    groups = [g for g in ray_session.util.placement_group_table().values()
-              if g["state"] == "CREATED" and "LLMServer" in g["name"]]
+    groups = [
+        g
+        for g in ray_session.util.placement_group_table().values()
+        if g["state"] == "CREATED" and "LLMServer" in g["name"]
+    ]
     assert len(groups) == 1
     assert groups[0]["strategy"] == "STRICT_PACK"
     assert list(groups[0]["bundles"].values()) == [{"CPU": 1.0}, {"CPU": 1.0}]

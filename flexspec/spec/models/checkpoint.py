@@ -35,7 +35,9 @@ def read_config(folder: Path) -> dict[str, Any]:
     return cfg
 
 
-def config_field(cfg: dict[str, Any], path: str, kind: type | tuple[type, ...], source: str, default: Any = _MISSING) -> Any:
+def config_field(
+    cfg: dict[str, Any], path: str, kind: type | tuple[type, ...], source: str, default: Any = _MISSING
+) -> Any:
     """Value at dotted ``path`` (e.g. ``"dflash_config.mask_token_id"``), type-checked.
 
     Raises:
@@ -76,7 +78,7 @@ def read_tensors(folder: Path, keep: Callable[[str], bool] | None = None) -> dic
     for file in _weight_files(folder):
         try:
             with safe_open(file, framework="pt", device="cpu") as f:
-                for name in f.keys():
+                for name in f.keys():  # noqa: SIM118 - a safetensors handle, not a dict
                     if keep is None or keep(name):
                         out[name] = f.get_tensor(name)
         except Exception as e:  # noqa: BLE001
@@ -87,8 +89,8 @@ def read_tensors(folder: Path, keep: Callable[[str], bool] | None = None) -> dic
 def load_state(
     module: nn.Module, tensors: dict[str, torch.Tensor], source: str, ignore: frozenset[str] = frozenset()
 ) -> None:
-    """Copy ``tensors`` into ``module.state_dict()`` names exactly: every parameter / persistent buffer must be
-    present with its shape, and no tensor may be left over (names in ``ignore`` are allowed and skipped).
+    """Copy ``tensors`` into ``module.state_dict()`` names exactly: every parameter / persistent buffer must
+    be present with its shape, and no tensor may be left over (names in ``ignore`` are allowed and skipped).
 
     Raises:
         ModelLoadError: naming the missing, unexpected or mis-shaped tensor.
@@ -113,7 +115,7 @@ def load_state(
 
 
 def save_checkpoint(folder: Path, config: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
-    """Write ``config.json`` and ``model.safetensors`` (contiguous CPU copies; tied tensors written once each)."""
+    """Write ``config.json`` and ``model.safetensors`` (contiguous CPU copies of ``state``)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -3,23 +3,25 @@
 Terms:
 * *target features*: the target's hidden states (residual stream after layer ``i``) at ``target_layer_ids``,
   concatenated per position: ``[T, n * H]``.
-* *context*: ``hidden_norm(fc(target features))``, one row per committed position ``[T, H]``. Every drafter layer
-  projects it with its OWN ``k_proj``/``v_proj`` (+ ``k_norm``, RoPE at the row's position) into that layer's
-  context K/V; nothing else of the context passes through the layers, so the context K/V of a position is
-  computed once and cached.
-* *block*: ``[anchor, MASK x (B-1)]`` at positions ``L-1 .. L+B-2``, where the anchor is the last committed token
-  (the bonus; it has no target hidden state yet). Block tokens enter as the target's (frozen) input embeddings,
-  attend non-causally to each other and to all context, and go through Qwen3-style layers; the B-1 mask
-  positions' outputs, through ``norm`` and the target's LM head, are the drafts.
+* *context*: ``hidden_norm(fc(target features))``, one row per committed position ``[T, H]``. Every drafter
+  layer projects it with its OWN ``k_proj``/``v_proj`` (+ ``k_norm``, RoPE at the row's position) into that
+  layer's context K/V; nothing else of the context passes through the layers, so the context K/V of a position
+  is computed once and cached.
+* *block*: ``[anchor, MASK x (B-1)]`` at positions ``L-1 .. L+B-2``, where the anchor is the last committed
+  token (the bonus; it has no target hidden state yet). Block tokens enter as the target's (frozen) input
+  embeddings, attend non-causally to each other and to all context, and go through Qwen3-style layers; the B-1
+  mask positions' outputs, through ``norm`` and the target's LM head, are the drafts.
 
 Checkpoint format (z-lab): ``config.json`` with ``architectures: ["DFlashDraftModel"]``, ``block_size``,
 ``dflash_config: {mask_token_id, target_layer_ids}`` and Qwen3 layer fields; tensors ``fc.weight`` [H, n*H],
-``hidden_norm.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.self_attn.{q,k}_norm.weight``,
-``layers.{i}.mlp.{gate,up,down}_proj.weight``, ``layers.{i}.{input,post_attention}_layernorm.weight``,
-``norm.weight``. No embedding and no LM head: the target's are used.
+``hidden_norm.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
+``layers.{i}.self_attn.{q,k}_norm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
+``layers.{i}.{input,post_attention}_layernorm.weight``, ``norm.weight``. No embedding and no LM head: the
+target's are used.
 
-Two forwards share every weight: ``forward`` (inference: varlen batch of blocks over a paged context cache) and
-``forward_train`` (dense, differentiable: batch of sequences with any number of blocks and an explicit mask).
+Two forwards share every weight: ``forward`` (inference: varlen batch of blocks over a paged context cache)
+and ``forward_train`` (dense, differentiable: batch of sequences with any number of blocks and an explicit
+mask).
 """
 
 from __future__ import annotations
@@ -40,7 +42,13 @@ from flexspec.layers.attention import Attention, AttentionMetadata
 from flexspec.layers.norm import RMSNorm
 from flexspec.layers.rotary import RotaryEmbedding
 from flexspec.models.spec import ModelSpec
-from flexspec.spec.models.checkpoint import config_field, load_state, read_config, read_tensors, save_checkpoint
+from flexspec.spec.models.checkpoint import (
+    config_field,
+    load_state,
+    read_config,
+    read_tensors,
+    save_checkpoint,
+)
 from kernels import store_kv_cache
 
 log = logging.getLogger(__name__)
@@ -92,19 +100,24 @@ class DFlashDraftConfig:
     ARCHITECTURE: ClassVar[str] = "DFlashDraftModel"
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any], source: str = "config") -> "DFlashDraftConfig":
+    def from_dict(cls, cfg: dict[str, Any], source: str = "config") -> DFlashDraftConfig:
         """Validate a ``config.json`` dict. Raises ModelLoadError naming the bad field."""
         archs = cfg.get("architectures")
         if not isinstance(archs, list) or cls.ARCHITECTURE not in archs:
             raise ModelLoadError(
-                f"{source}: config.json field 'architectures' must contain {cls.ARCHITECTURE!r}, got {archs!r}"
+                f"{source}: config.json field 'architectures' must contain {cls.ARCHITECTURE!r}, "
+                f"got {archs!r}"
             )
         return cls(**cls._fields_from(cfg, source))
 
     @classmethod
     def _fields_from(cls, cfg: dict[str, Any], source: str) -> dict[str, Any]:
         def f(path: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-            return config_field(cfg, path, kind, source) if default is ... else config_field(cfg, path, kind, source, default)
+            return (
+                config_field(cfg, path, kind, source)
+                if default is ...
+                else config_field(cfg, path, kind, source, default)
+            )
 
         def draft_value(name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
             """z-lab reads these from ``dflash_config`` first, then the top level."""
@@ -118,12 +131,19 @@ class DFlashDraftConfig:
         layers = f("num_hidden_layers", int)
         heads = f("num_attention_heads", int)
         kv_heads = f("num_key_value_heads", int, heads)
-        for name, value in (("hidden_size", hidden), ("num_hidden_layers", layers), ("num_attention_heads", heads),
-                            ("num_key_value_heads", kv_heads)):  # fmt: skip
+        sizes = {
+            "hidden_size": hidden,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+        }
+        for name, value in sizes.items():
             if value < 1:
                 raise ModelLoadError(f"{source}: config.json field {name!r} must be >= 1, got {value}")
         if heads % kv_heads:
-            raise ModelLoadError(f"{source}: 'num_attention_heads' {heads} is not a multiple of 'num_key_value_heads'")
+            raise ModelLoadError(
+                f"{source}: 'num_attention_heads' {heads} is not a multiple of 'num_key_value_heads'"
+            )
         block_size = draft_value("block_size", int)
         if block_size < 2:
             raise ModelLoadError(f"{source}: config.json field 'block_size' must be >= 2, got {block_size}")
@@ -144,36 +164,39 @@ class DFlashDraftConfig:
             raise ModelLoadError(f"{source}: config.json field 'hidden_act' must be 'silu', got {act!r}")
         layer_types = f("layer_types", list, [])
         if layer_types and len(layer_types) != layers:
-            raise ModelLoadError(f"{source}: config.json field 'layer_types' has {len(layer_types)} entries for {layers} layers")
+            raise ModelLoadError(
+                f"{source}: config.json field 'layer_types' has {len(layer_types)} entries for "
+                f"{layers} layers"
+            )
         try:
             rope_theta, rope_scaling = rope_from_hf(cfg)
         except (KeyError, TypeError, ValueError) as e:
             raise ModelLoadError(f"{source}: bad rope fields in config.json: {e}") from e
-        return dict(
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            head_dim=f("head_dim", int, hidden // heads),
-            intermediate_size=f("intermediate_size", int),
-            block_size=block_size,
-            mask_token_id=draft_value("mask_token_id", int),
-            target_layer_ids=list(ids),
-            vocab_size=f("vocab_size", int),
-            rms_norm_eps=f("rms_norm_eps", float, 1e-6),
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            max_position_embeddings=f("max_position_embeddings", int, 40960),
-            num_target_layers=num_target_layers,
-            attention_bias=f("attention_bias", bool, False),
-            layer_types=layer_types,
-            sliding_window=f("sliding_window", int, None),
-            is_causal=f("is_causal", bool, None),
-            input_embedding_scale=draft_value("input_embedding_scale", float, 1.0),
-            output_multiplier=draft_value("output_multiplier", float, 1.0),
-            final_logit_softcapping=draft_value("final_logit_softcapping", float, None),
-            extra=dict(cfg),
-        )
+        return {
+            "hidden_size": hidden,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": f("head_dim", int, hidden // heads),
+            "intermediate_size": f("intermediate_size", int),
+            "block_size": block_size,
+            "mask_token_id": draft_value("mask_token_id", int),
+            "target_layer_ids": list(ids),
+            "vocab_size": f("vocab_size", int),
+            "rms_norm_eps": f("rms_norm_eps", float, 1e-6),
+            "rope_theta": rope_theta,
+            "rope_scaling": rope_scaling,
+            "max_position_embeddings": f("max_position_embeddings", int, 40960),
+            "num_target_layers": num_target_layers,
+            "attention_bias": f("attention_bias", bool, False),
+            "layer_types": layer_types,
+            "sliding_window": f("sliding_window", int, None),
+            "is_causal": f("is_causal", bool, None),
+            "input_embedding_scale": draft_value("input_embedding_scale", float, 1.0),
+            "output_multiplier": draft_value("output_multiplier", float, 1.0),
+            "final_logit_softcapping": draft_value("final_logit_softcapping", float, None),
+            "extra": dict(cfg),
+        }
 
     @classmethod
     def for_target(
@@ -184,30 +207,31 @@ class DFlashDraftConfig:
         mask_token_id: int | None = None,
         target_layer_ids: list[int] | None = None,
         **overrides: Any,
-    ) -> "DFlashDraftConfig":
+    ) -> DFlashDraftConfig:
         """A fresh config sized for ``target`` (its attention geometry, RoPE and vocabulary).
 
         ``target_layer_ids`` defaults to one per drafter layer spread from 1 to L-3 (z-lab's rule);
         ``mask_token_id`` defaults to the last id of the target's vocabulary (pick a genuinely unused id for
         training).
         """
-        fields: dict[str, Any] = dict(
-            hidden_size=target.hidden_size,
-            num_hidden_layers=num_hidden_layers,
-            num_attention_heads=target.num_heads,
-            num_key_value_heads=target.num_kv_heads,
-            head_dim=target.head_dim,
-            intermediate_size=target.intermediate_size,
-            block_size=block_size,
-            mask_token_id=target.vocab_size - 1 if mask_token_id is None else mask_token_id,
-            target_layer_ids=target_layer_ids or default_target_layer_ids(target.num_layers, num_hidden_layers),
-            vocab_size=target.vocab_size,
-            rms_norm_eps=target.rms_norm_eps,
-            rope_theta=target.rope_theta,
-            rope_scaling=target.rope_scaling,
-            max_position_embeddings=target.max_position_embeddings,
-            num_target_layers=target.num_layers,
-        )
+        fields: dict[str, Any] = {
+            "hidden_size": target.hidden_size,
+            "num_hidden_layers": num_hidden_layers,
+            "num_attention_heads": target.num_heads,
+            "num_key_value_heads": target.num_kv_heads,
+            "head_dim": target.head_dim,
+            "intermediate_size": target.intermediate_size,
+            "block_size": block_size,
+            "mask_token_id": target.vocab_size - 1 if mask_token_id is None else mask_token_id,
+            "target_layer_ids": target_layer_ids
+            or default_target_layer_ids(target.num_layers, num_hidden_layers),
+            "vocab_size": target.vocab_size,
+            "rms_norm_eps": target.rms_norm_eps,
+            "rope_theta": target.rope_theta,
+            "rope_scaling": target.rope_scaling,
+            "max_position_embeddings": target.max_position_embeddings,
+            "num_target_layers": target.num_layers,
+        }
         fields.update(overrides)
         return cls(**fields)
 
@@ -215,29 +239,38 @@ class DFlashDraftConfig:
         """Raise ModelLoadError (naming the field) when this drafter cannot serve ``target``."""
         if self.hidden_size != target.hidden_size:
             raise ModelLoadError(
-                f"{source}: config.json field 'hidden_size' is {self.hidden_size} but the target's hidden size is "
-                f"{target.hidden_size} (the drafter shares the target's embedding and LM head)"
+                f"{source}: config.json field 'hidden_size' is {self.hidden_size} but the target's hidden "
+                f"size is {target.hidden_size} (the drafter shares the target's embedding and LM head)"
             )
         bad = [i for i in self.target_layer_ids if not 0 <= i < target.num_layers]
         if bad:
             raise ModelLoadError(
-                f"{source}: config.json field 'dflash_config.target_layer_ids' has {bad}, outside the target's "
-                f"{target.num_layers} layers"
+                f"{source}: config.json field 'dflash_config.target_layer_ids' has {bad}, outside the "
+                f"target's {target.num_layers} layers"
             )
         if not 0 <= self.mask_token_id < target.vocab_size:
             raise ModelLoadError(
-                f"{source}: config.json field 'dflash_config.mask_token_id' {self.mask_token_id} is not in the "
-                f"target's vocabulary (size {target.vocab_size})"
+                f"{source}: config.json field 'dflash_config.mask_token_id' {self.mask_token_id} is not in "
+                f"the target's vocabulary (size {target.vocab_size})"
             )
         if self.num_target_layers is not None and self.num_target_layers != target.num_layers:
-            log.warning("%s: num_target_layers %d != target layers %d", source, self.num_target_layers, target.num_layers)
+            log.warning(
+                "%s: num_target_layers %d != target layers %d",
+                source,
+                self.num_target_layers,
+                target.num_layers,
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The published ``config.json`` layout (unknown original fields preserved)."""
         out = {k: v for k, v in self.extra.items() if k != "dflash_config"}
         dflash = {k: v for k, v in dict(self.extra.get("dflash_config") or {}).items() if k != "block_size"}
         dflash.update(mask_token_id=self.mask_token_id, target_layer_ids=list(self.target_layer_ids))
-        for name, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None)):
+        for name, default in (
+            ("input_embedding_scale", 1.0),
+            ("output_multiplier", 1.0),
+            ("final_logit_softcapping", None),
+        ):
             value = getattr(self, name)
             if value != default:
                 dflash[name] = value
@@ -305,7 +338,9 @@ class DFlashAttention(nn.Module):
         self.sliding_window = cfg.sliding_window if layer_type == "sliding_attention" else None
         self.causal = layer_type == "sliding_attention" if cfg.is_causal is None else cfg.is_causal
         self.scale = D**-0.5
-        self.attn = Attention(self.num_heads, self.num_kv_heads, D, self.scale, sliding_window=self.sliding_window)
+        self.attn = Attention(
+            self.num_heads, self.num_kv_heads, D, self.scale, sliding_window=self.sliding_window
+        )
 
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ctx [N, H] at positions [N] -> this layer's context K, V [N, Hkv, D] (K normed and rotated)."""
@@ -315,7 +350,9 @@ class DFlashAttention(nn.Module):
         _, k = self.rotary(positions, k, k)
         return k, v
 
-    def block_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def block_qkv(
+        self, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, H] -> q [T, Hq, D], k, v [T, Hkv, D] (normed, rotated)."""
         T = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(T, self.num_heads, self.head_dim))
@@ -325,7 +362,7 @@ class DFlashAttention(nn.Module):
         return q, k, v
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Paged: x [T, H] block tokens; cached context per sequence via ``meta``; ``meta.mask`` = within-block."""
+        """Paged: x [T, H] block tokens; cached context via ``meta``; ``meta.mask`` = within-block."""
         T = x.shape[0]
         q, k, v = self.block_qkv(x, meta.positions)
         if self.causal:
@@ -372,7 +409,7 @@ class DFlashDecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_dense(self, x, ctx, q_pos, ctx_pos, visible) -> torch.Tensor:  # noqa: ANN001 - see DFlashAttention
+    def forward_dense(self, x, ctx, q_pos, ctx_pos, visible) -> torch.Tensor:  # noqa: ANN001 - as attention
         x = x + self.self_attn.forward_dense(self.input_layernorm(x), ctx, q_pos, ctx_pos, visible)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -382,8 +419,8 @@ class DFlashDraftModel(nn.Module):
 
     Args:
         config: network shape and DFlash fields (see :class:`DFlashDraftConfig`).
-        max_position: size of the RoPE table (default ``config.max_position_embeddings``); inference sizes it to
-            ``max_model_len + block_size``.
+        max_position: size of the RoPE table (default ``config.max_position_embeddings``); inference sizes
+            it to ``max_model_len + block_size``.
     """
 
     config_class: ClassVar[type[DFlashDraftConfig]] = DFlashDraftConfig
@@ -393,9 +430,14 @@ class DFlashDraftModel(nn.Module):
         self.config = config
         H = config.hidden_size
         self.rotary = RotaryEmbedding(
-            config.head_dim, max_position or config.max_position_embeddings, config.rope_theta, config.rope_scaling
+            config.head_dim,
+            max_position or config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
         )
-        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i, self.rotary) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DFlashDecoderLayer(config, i, self.rotary) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.fc = nn.Linear(len(config.target_layer_ids) * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, config.rms_norm_eps)
@@ -439,7 +481,9 @@ class DFlashDraftModel(nn.Module):
         """[..., n * H] concatenated target features -> [..., H] context rows."""
         return self.hidden_norm(self.fc(target_features))
 
-    def store_context(self, target_features: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    def store_context(
+        self, target_features: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
         """Cache every layer's context K/V of new committed positions (inference; caches bound beforehand).
 
         target_features [N, n * H]; positions [N] int64; slot_mapping [N] int64 (slots in the bound caches).
@@ -454,9 +498,10 @@ class DFlashDraftModel(nn.Module):
     def forward(self, block_embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Inference over the paged context cache.
 
-        block_embeds [T, H]: the blocks of S sequences, packed (``meta.query_start_loc``); ``meta.context_lens``
-        = cached context length per sequence; ``meta.slot_mapping`` all -1 (block K/V are never cached);
-        ``meta.mask`` = within-block visibility (all True for DFlash). Returns final-norm hidden [T, H].
+        block_embeds [T, H]: the blocks of S sequences, packed (``meta.query_start_loc``);
+        ``meta.context_lens`` = cached context length per sequence; ``meta.slot_mapping`` all -1 (block K/V
+        are never cached); ``meta.mask`` = within-block visibility (all True for DFlash).
+        Returns final-norm hidden [T, H].
         """
         x = block_embeds
         for layer in self.layers:
@@ -490,8 +535,10 @@ class DFlashDraftModel(nn.Module):
             x = layer.forward_dense(x, ctx, block_positions, context_positions, attention_mask)
         return self.norm(x)
 
-    def compute_logits(self, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """[N, H] -> fp32 [N, V] with the target's LM head (+ the checkpoint's output multiplier / soft cap)."""
+    def compute_logits(
+        self, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """[N, H] -> fp32 [N, V] with the target's LM head (+ the checkpoint's multiplier / soft cap)."""
         logits = lm_head(hidden).float()
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
@@ -514,12 +561,13 @@ class DFlashDraftModel(nn.Module):
         max_position: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
-    ) -> "DFlashDraftModel":
+    ) -> DFlashDraftModel:
         """Load a checkpoint folder; with ``target_spec``, also check it fits that target.
 
         Raises:
-            ModelLoadError: missing / malformed config field, missing / unexpected / mis-shaped tensor, corrupt
-                file, or a drafter that does not fit the target — the message names the field or tensor.
+            ModelLoadError: missing / malformed config field, missing / unexpected / mis-shaped tensor,
+                corrupt file, or a drafter that does not fit the target; the message names the field or
+                tensor.
         """
         folder = Path(folder)
         source = str(folder)
@@ -541,6 +589,9 @@ def train_attention_mask(
     device = anchors.device
     Q = nb * block_size
     block_of_query = torch.arange(Q, device=device) // block_size  # [Q]
-    ctx = torch.arange(context_len, device=device)[None, None, :] < anchors.repeat_interleave(block_size, 1)[:, :, None]
+    ctx = (
+        torch.arange(context_len, device=device)[None, None, :]
+        < anchors.repeat_interleave(block_size, 1)[:, :, None]
+    )
     own = (block_of_query[:, None] == block_of_query[None, :]).expand(B, Q, Q)
     return torch.cat([ctx, own], dim=-1)

@@ -1,12 +1,14 @@
 """A drafter's own paged KV cache: per-layer K/V tensors + per-sequence block tables.
 
-Same layout as the target's cache (``[num_blocks, block_size, Hkv, D]`` per layer; token at position ``p`` of a
-sequence lives in slot ``blocks[p // block_size] * block_size + p % block_size``), so ``kernels.store_kv_cache``
-and ``kernels.paged_attention`` (through ``flexspec.layers.attention.Attention``) serve both.
+Same layout as the target's cache (``[num_blocks, block_size, Hkv, D]`` per layer; token at position ``p`` of
+a sequence lives in slot ``blocks[p // block_size] * block_size + p % block_size``), so
+``kernels.store_kv_cache`` and ``kernels.paged_attention`` (through ``flexspec.layers.attention.Attention``)
+serve both.
 
-Sizing: ``memory_bytes`` is asked before the target's cache exists, so the cache is bounded by what any batch can
-use (``max_num_seqs`` full-length sequences) and that bound is what the drafter reserves; ``allocate`` then
-takes the smaller of the bound and the target's block count (+ one sequence of slack for drafted positions).
+Sizing: ``memory_bytes`` is asked before the target's cache exists, so the cache is bounded by what any batch
+can use (``max_num_seqs`` full-length sequences) and that bound is what the drafter reserves; ``allocate``
+then takes the smaller of the bound and the target's block count (+ one sequence of slack for drafted
+positions).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class DraftKVCache:
         self.tables: dict[int, list[int]] = {}  # seq id -> physical block ids
         self.free_blocks: deque[int] = deque()
 
-    # ---- memory ---------------------------------------------------------------------------------------------
+    # ---- memory --------------------------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
         elems = 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim
         return elems * torch.finfo(self.dtype).bits // 8
@@ -69,13 +71,14 @@ class DraftKVCache:
         for a, k, v in zip(attn_layers, self.k, self.v):
             a.k_cache, a.v_cache = k, v
 
-    # ---- sequences ------------------------------------------------------------------------------------------
+    # ---- sequences -----------------------------------------------------------------------------------------
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.tables
 
     def reserve(self, seq_id: int, num_tokens: int, evictable: set[int] | None = None) -> bool:
         """Make positions ``0 .. num_tokens-1`` of ``seq_id`` addressable. When blocks run out, sequences in
-        ``evictable`` (not in this step's batch) are dropped first. False (and the sequence freed) if still short.
+        ``evictable`` (not in this step's batch) are dropped first. False (and the sequence freed) if still
+        short.
         """
         table = self.tables.setdefault(seq_id, [])
         need = -(-num_tokens // self.block_size) - len(table)
@@ -100,7 +103,7 @@ class DraftKVCache:
         if table:
             self.free_blocks.extend(table)
 
-    # ---- attention metadata -----------------------------------------------------------------------------------
+    # ---- attention metadata --------------------------------------------------------------------------------
     def metadata(
         self,
         seq_ids: list[int],
@@ -111,7 +114,11 @@ class DraftKVCache:
     ) -> AttentionMetadata:
         dev = self.device
         flat_pos = [p for ps in positions for p in ps]
-        slots = [self.slot(s, p) for s, ps in zip(seq_ids, positions) for p in ps] if store else [-1] * len(flat_pos)
+        slots = (
+            [self.slot(s, p) for s, ps in zip(seq_ids, positions) for p in ps]
+            if store
+            else [-1] * len(flat_pos)
+        )
         tables = [self.tables[s] for s in seq_ids]
         width = max((len(t) for t in tables), default=0) or 1
         qsl = [0]

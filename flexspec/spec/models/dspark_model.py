@@ -2,8 +2,8 @@
 
 * *Markov head* (rank r): ``logits_i += W2 @ W1[prev_i]`` where ``prev_i`` is the draft at position i-1 (the
   anchor for i = 0). It couples the otherwise independent block positions to the token actually drafted before
-  them, so it is applied sequentially over the block at inference (teacher-forced with the true previous token in
-  training: :meth:`DSparkDraftModel.markov_logits`).
+  them, so it is applied sequentially over the block at inference (teacher-forced with the true previous token
+  in training: :meth:`DSparkDraftModel.markov_logits`).
 * *Confidence head*: ``c_i = sigmoid(w . h_i + b)`` on the draft hidden state, an estimate that draft i is
   accepted given its predecessors were; drafters stop verifying after the first draft with ``c_i`` below a
   threshold.
@@ -38,7 +38,9 @@ class DSparkDraftConfig(DFlashDraftConfig):
         fields = super()._fields_from(cfg, source)
         rank = config_field(cfg, "dspark_config.markov_rank", int, source)
         if rank < 1:
-            raise ModelLoadError(f"{source}: config.json field 'dspark_config.markov_rank' must be >= 1, got {rank}")
+            raise ModelLoadError(
+                f"{source}: config.json field 'dspark_config.markov_rank' must be >= 1, got {rank}"
+            )
         fields["markov_rank"] = rank
         return fields
 
@@ -46,13 +48,16 @@ class DSparkDraftConfig(DFlashDraftConfig):
         super().check_target(target, source)
         if self.vocab_size != target.vocab_size:
             raise ModelLoadError(
-                f"{source}: config.json field 'vocab_size' is {self.vocab_size} but the target's vocabulary has "
-                f"{target.vocab_size} tokens (the Markov head is indexed by target token ids)"
+                f"{source}: config.json field 'vocab_size' is {self.vocab_size} but the target's "
+                f"vocabulary has {target.vocab_size} tokens (the Markov head is indexed by target token ids)"
             )
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
-        out["dspark_config"] = {**dict(self.extra.get("dspark_config") or {}), "markov_rank": self.markov_rank}
+        out["dspark_config"] = {
+            **dict(self.extra.get("dspark_config") or {}),
+            "markov_rank": self.markov_rank,
+        }
         return out
 
 
@@ -91,7 +96,7 @@ class DSparkDraftModel(DFlashDraftModel):
         logits: torch.Tensor,  # [S, K, V] fp32 backbone logits of the first K mask positions
         anchors: torch.Tensor,  # [S] int64 anchor (bonus) token of each block
     ) -> torch.Tensor:  # [S, K] int64 greedy drafts
-        """Greedy drafts with the Markov head applied position by position (it depends on the previous draft)."""
+        """Greedy drafts, the Markov head applied position by position (it reads the previous draft)."""
         prev = anchors
         out = []
         for i in range(logits.shape[1]):

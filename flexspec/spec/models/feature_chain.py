@@ -1,16 +1,16 @@
 """Drafting loop shared by EAGLE-3 and MTP: one small network chained over target features, autoregressively.
 
-Convention (EAGLE, arXiv 2401.15077 / 2503.01840; DeepSeek-V3 MTP): the network's input at position ``p`` is the
-pair (feature of position ``p``, embedding of token ``p+1``); its output there predicts token ``p+2`` and its
-K/V are cached at ``p``. With ``L`` committed tokens (the last, the bonus, has no target feature yet):
+Convention (EAGLE, arXiv 2401.15077 / 2503.01840; DeepSeek-V3 MTP): the network's input at position ``p`` is
+the pair (feature of position ``p``, embedding of token ``p+1``); its output there predicts token ``p+2`` and
+its K/V are cached at ``p``. With ``L`` committed tokens (the last, the bonus, has no target feature yet):
 
 1. *Context step* (one varlen forward for the whole batch): every committed position whose next token is known
    (``p <= L-2``) and whose K/V are not cached yet goes through the network with the TARGET's feature, K/V
-   written to the drafter's paged cache at ``p`` (kept for good). The output at ``p = L-2`` gives draft 1.
-   A prefill chunk's last position waits (its feature is kept) until its next token is known.
+   written to the drafter's paged cache at ``p`` (kept for good). The output at ``p = L-2`` gives draft 1. A
+   prefill chunk's last position waits (its feature is kept) until its next token is known.
 2. *Draft steps* ``j = 1 .. k-1``: input (network's own output hidden at the previous step, draft ``j``) at
-   position ``L-2+j``, K/V written at that position too — scratch, overwritten by the target's feature once the
-   position is committed (the next context step starts exactly there).
+   position ``L-2+j``, K/V written at that position too — scratch, overwritten by the target's feature once
+   the position is committed (the next context step starts exactly there).
 
 Drafts are the argmax of the draft logits (deterministic drafts; exact at T > 0 through the verifier's
 deterministic-draft rule).
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from flexspec.spec.base import DraftProposal, Drafter, SeqDraftInput
+from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput
 from flexspec.spec.models.draft_kv import DraftKVCache
 
 
@@ -132,7 +132,9 @@ class FeatureChainDrafter(Drafter):
         out, back = self.net(embeds, torch.cat(hidden), meta)  # [T, H] each
         picks = [i for i, d in enumerate(drafting) if d]
         if picks:
-            last = torch.tensor([len(p) for p in positions]).cumsum(0) - 1  # row of each sequence's last position
+            last = (
+                torch.tensor([len(p) for p in positions]).cumsum(0) - 1
+            )  # row of each sequence's last position
             idx = last[picks].to(self.device)
             first_drafts = self.logits(out.index_select(0, idx)).argmax(-1).tolist()
             back_rows = back.index_select(0, idx)
@@ -145,7 +147,9 @@ class FeatureChainDrafter(Drafter):
         pos = [len(b.token_ids) - 2 + step for b in live]  # input: draft `step` at position L-2+step
         meta = self.cache.metadata(sids, [[p] for p in pos], pos, store=True)
         tokens = torch.tensor([drafts[s][-1] for s in sids], device=self.device)
-        out, back = self.net(self.embed(tokens, meta.positions), torch.stack([feedback[s] for s in sids]), meta)
+        out, back = self.net(
+            self.embed(tokens, meta.positions), torch.stack([feedback[s] for s in sids]), meta
+        )
         nxt = self.logits(out).argmax(-1).tolist()
         for i, s in enumerate(sids):
             drafts[s].append(nxt[i])

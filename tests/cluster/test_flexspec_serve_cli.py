@@ -1,0 +1,80 @@
+"""``flexspec serve`` end to end: own local Ray cluster, the default config, one request, clean SIGTERM exit."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai
+
+from configs import SamplingParams
+from tests.cluster.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_flexspec_serve_default_config_and_sigterm(engine):
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "flexspec.cli",
+        "serve",
+        "--config",
+        "configs/serve.yaml",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num-cpus",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=os.environ | {"RAY_DEDUP_LOGS": "0"},
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not any("flexspec: serving" in x for x in seen):
+            assert proc.poll() is None, "".join(seen[-30:])
+            assert time.monotonic() < deadline, "not ready:\n" + "".join(seen[-30:])
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                pass
+
+        question = "What is the capital of France?"
+        ids = engine.apply_chat_template([{"role": "user", "content": question}])
+        ref = engine.generate([ids], SamplingParams(max_tokens=16, temperature=0.0))[0]
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120
+        )
+        r = client.chat.completions.create(
+            model="smollm2-135m-instruct",
+            messages=[{"role": "user", "content": question}],
+            temperature=0,
+            max_tokens=16,
+        )
+        assert r.choices[0].message.content == ref.text
+        assert r.usage.completion_tokens == len(ref.token_ids)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert code == 0, "".join(seen[-30:])

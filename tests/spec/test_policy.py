@@ -1,0 +1,56 @@
+"""The per-batch execution policy (issue 6): measured step times and acceptance decide the mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs import EngineConfig
+from flexspec.engine.scheduler import SchedulerOutput
+from flexspec.spec.policy import WARMUP_SAMPLES, SpeculationPolicy
+
+
+def _sched(n: int) -> SchedulerOutput:
+    return SchedulerOutput(scheduled=[object()] * n, preempted=[])  # type: ignore[list-item]
+
+
+def _policy(**spec) -> SpeculationPolicy:
+    sc = {"method": "flexdraft", "model": "unused", "num_speculative_tokens": 4, **spec}
+    return SpeculationPolicy(EngineConfig(speculative_config=sc))
+
+
+def _train(policy, n, times, acceptance):
+    for _ in range(WARMUP_SAMPLES * 3):
+        d = policy.decide(_sched(n))
+        policy.observe(d.mode, n, times[d.mode], acceptance if d.mode != "plain" else None)
+
+
+def test_warmup_measures_every_mode_then_picks_the_fastest():
+    pol = _policy()
+    times = {"plain": 1.0, "decoupled": 1.5, "parallel": 1.2}  # seconds per step
+    _train(pol, 1, times, [0.9, 0.8, 0.7, 0.6])  # E[tokens] = 4.0
+    assert {m for (m, _) in pol.step_times} == {"plain", "decoupled", "parallel"}
+    assert pol.decide(_sched(1)).mode == "parallel"  # 4.0 / 1.2 beats 4.0 / 1.5 and 1 / 1.0
+
+
+def test_large_batch_where_speculation_does_not_pay_falls_back_to_plain():
+    pol = _policy()
+    _train(pol, 64, {"plain": 1.0, "decoupled": 2.5, "parallel": 9.0}, [0.5, 0.3, 0.1, 0.05])  # E = 1.95
+    d = pol.decide(_sched(64))
+    assert d.mode == "plain" and d.num_speculative_tokens == 0
+
+
+def test_buckets_are_independent_and_runner_up_is_remeasured():
+    pol = _policy()
+    _train(pol, 1, {"plain": 1.0, "decoupled": 1.5, "parallel": 1.2}, [0.9, 0.8, 0.7, 0.6])
+    modes = [pol.decide(_sched(1)).mode for _ in range(200)]
+    assert modes.count("parallel") > 180 and "decoupled" in modes  # periodic re-exploration
+    assert pol.decide(_sched(33)).mode in {"plain", "decoupled", "parallel"}  # new bucket: warm-up again
+
+
+def test_overrides_and_disable_by_batch_size():
+    assert _policy(execution="decoupled").decide(_sched(3)).mode == "decoupled"
+    pol = _policy(execution="parallel", disable_by_batch_size=8)
+    assert pol.decide(_sched(8)).mode == "parallel"
+    assert pol.decide(_sched(9)).mode == "plain"
+    with pytest.raises(ValueError, match="flexdraft"):
+        SpeculationPolicy(EngineConfig(speculative_config={"method": "ngram", "execution": "parallel"}))
