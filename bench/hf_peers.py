@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 HF_SYSTEMS = (
     "hf_dynamic",
@@ -145,7 +146,9 @@ class HFPeer:
         """One ``generate`` call over ``batch`` (token id lists); wall time includes prefill."""
         torch = self.torch
         if system in BATCH1_ONLY and len(batch) != 1:
-            raise Unsupported(f"{system}: transformers supports assisted / prompt-lookup decoding at batch 1 only")
+            raise Unsupported(
+                f"{system}: transformers supports assisted / prompt-lookup decoding at batch 1 only"
+            )
         if pad_to is None or system == "hf_dynamic" or system in BATCH1_ONLY:
             pad_to = max(len(p) for p in batch)  # fixed pad length only where compiled shapes need it
         ids, mask = self._pad(batch, pad_to)
@@ -221,14 +224,23 @@ def run_requests(
     The warm-up call uses the first batch at full length, so compiled variants compile before timing.
     """
     if system in BATCH1_ONLY and batch_size != 1:
-        raise Unsupported(f"{system}: transformers supports assisted / prompt-lookup decoding at batch 1 only")
+        raise Unsupported(
+            f"{system}: transformers supports assisted / prompt-lookup decoding at batch 1 only"
+        )
     batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     warm_s = None
     if warmup:
         t0 = time.perf_counter()
         compiled = system not in ("hf_dynamic", *BATCH1_ONLY)
-        peer.generate(system, batches[0], max_new_tokens if compiled else min(8, max_new_tokens), temperature,
-                      ignore_eos, pad_to, **kw)  # fmt: skip
+        peer.generate(
+            system,
+            batches[0],
+            max_new_tokens if compiled else min(8, max_new_tokens),
+            temperature,
+            ignore_eos,
+            pad_to,
+            **kw,
+        )
         warm_s = time.perf_counter() - t0
     wall = 0.0
     tokens = 0

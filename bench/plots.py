@@ -28,6 +28,21 @@ def _plt() -> Any:
     return plt
 
 
+def _log2_batch_axis(ax: Any, xs: list[int]) -> None:
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(set(xs)))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _integer_x(ax: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _name(r: dict[str, Any]) -> str:
     parts = [r["system"]]
     if r.get("mode") == "server":
@@ -36,7 +51,9 @@ def _name(r: dict[str, Any]) -> str:
 
 
 def _spec_runs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for d in docs if d.get("schema", "").startswith("flexspec.bench.spec") for r in d.get("runs", [])]
+    return [
+        r for d in docs if d.get("schema", "").startswith("flexspec.bench.spec") for r in d.get("runs", [])
+    ]
 
 
 def _panels(plt: Any, keys: list[str], title: str) -> tuple[Any, list[Any]]:
@@ -63,13 +80,17 @@ def plot_speedup(docs: list[dict[str, Any]], out: Path) -> Path | None:
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
         for d in synth:
-            pts = sorted((p["batch_size"], p["projected_throughput_ratio"]) for p in d.get("points", [])
-                         if p.get("projected_throughput_ratio"))  # fmt: skip
+            pts = sorted(
+                (p["batch_size"], p["projected_throughput_ratio"])
+                for p in d.get("points", [])
+                if p.get("projected_throughput_ratio")
+            )
             if pts:
                 lbl = f"PROJECTION {d['config'].get('label') or d['config'].get('shape')} (synthetic)"
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="--", marker="x", label=lbl)
         ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set_xscale("log", base=2)
+        xs = [r["batch_size"] for r in runs] + [p["batch_size"] for d in synth for p in d.get("points", [])]
+        _log2_batch_axis(ax, xs)
         ax.set_xlabel("batch size (concurrency)")
         ax.set_ylabel("throughput ratio")
         ax.set_title(ds)
@@ -89,12 +110,16 @@ def _aggregate(runs: list[dict[str, Any]], key: Any) -> dict[Any, dict[str, Any]
         sd = r.get("spec_decode")
         if not sd or not sd.get("num_drafts"):
             continue
-        a = agg.setdefault(key(r), {"drafts": 0, "accepted": 0, "per_pos": [], "k": r.get("num_speculative_tokens")})
+        a = agg.setdefault(
+            key(r), {"drafts": 0, "accepted": 0, "per_pos": [], "k": r.get("num_speculative_tokens")}
+        )
         a["drafts"] += sd["num_drafts"]
         a["accepted"] += sd["num_accepted_tokens"]
         pp = sd["num_accepted_tokens_per_pos"]
         n = max(len(pp), len(a["per_pos"]))
-        a["per_pos"] = [x + y for x, y in zip(a["per_pos"] + [0] * (n - len(a["per_pos"])), pp + [0] * (n - len(pp)))]
+        a["per_pos"] = [
+            x + y for x, y in zip(a["per_pos"] + [0] * (n - len(a["per_pos"])), pp + [0] * (n - len(pp)))
+        ]
     return agg
 
 
@@ -110,6 +135,7 @@ def plot_per_position(docs: list[dict[str, Any]], out: Path) -> Path | None:
             if d == ds:
                 ys = [x / a["drafts"] for x in a["per_pos"]]
                 ax.plot(range(1, len(ys) + 1), ys, marker="o", label=name)
+        _integer_x(ax)
         ax.set_xlabel("draft position")
         ax.set_ylabel("acceptance")
         ax.set_ylim(0, 1.02)
@@ -125,8 +151,16 @@ def plot_per_position(docs: list[dict[str, Any]], out: Path) -> Path | None:
 
 def plot_mal_vs_k(docs: list[dict[str, Any]], out: Path) -> Path | None:
     runs = [r for r in _spec_runs(docs) if r.get("num_speculative_tokens")]
-    agg = _aggregate(runs, lambda r: (r["dataset"], r.get("config_label") or r["method"], r.get("mode"),
-                                      r.get("peer"), r["num_speculative_tokens"]))  # fmt: skip
+    agg = _aggregate(
+        runs,
+        lambda r: (
+            r["dataset"],
+            r.get("config_label") or r["method"],
+            r.get("mode"),
+            r.get("peer"),
+            r["num_speculative_tokens"],
+        ),
+    )
     if not agg:
         return None
     plt = _plt()
@@ -136,12 +170,16 @@ def plot_mal_vs_k(docs: list[dict[str, Any]], out: Path) -> Path | None:
         lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for (d, label, mode, peer, k), a in agg.items():
             if d == ds:
-                name = " ".join(x for x in (label, f"({peer})" if peer else "", "(server)" if mode == "server" else "")
-                                if x)  # fmt: skip
+                name = " ".join(
+                    x
+                    for x in (label, f"({peer})" if peer else "", "(server)" if mode == "server" else "")
+                    if x
+                )
                 lines[name].append((k, 1 + a["accepted"] / a["drafts"]))
         for name, pts in sorted(lines.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        _integer_x(ax)
         ax.set_xlabel("num_speculative_tokens K")
         ax.set_ylabel("MAL")
         ax.set_title(ds)
@@ -162,11 +200,15 @@ def plot_engine_vs_hf(docs: list[dict[str, Any]], out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     machine = eng[0]["env"]["machine"]
     fig.suptitle(f"Output tokens/s vs batch size ({machine.get('gpu') or machine.get('cpu')})")
+    xs = []
     for system, per_batch in eng[0]["results"].items():
-        pts = sorted((int(b), r["output_tokens_per_s"]) for b, r in per_batch.items() if r.get("output_tokens_per_s"))
+        pts = sorted(
+            (int(b), r["output_tokens_per_s"]) for b, r in per_batch.items() if r.get("output_tokens_per_s")
+        )
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
-    ax.set_xscale("log", base=2)
+            xs += [p[0] for p in pts]
+    _log2_batch_axis(ax, xs or [1])
     ax.set_yscale("log")
     ax.set_xlabel("batch size")
     ax.set_ylabel("output tokens/s")
@@ -188,7 +230,9 @@ def make_plots(docs: list[dict[str, Any]], out_dir: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> list[str]:
-    p = argparse.ArgumentParser(prog="python -m bench.plots", description="PNG plots from benchmark JSON files.")
+    p = argparse.ArgumentParser(
+        prog="python -m bench.plots", description="PNG plots from benchmark JSON files."
+    )
     p.add_argument("results", nargs="+", help="JSON files written by spec_bench / engine_bench / synthetic.")
     p.add_argument("--out-dir", default="plots")
     args = p.parse_args(argv)

@@ -20,7 +20,7 @@ from typing import Any
 
 from bench.common import Budget, JsonReport, cycle_to, log, progress, prompt_texts, short_error, summarize_ms
 
-_SAMPLE = re.compile(r'^(?:ray_)?([a-zA-Z_:][a-zA-Z0-9_:]*?)(?:_total)?(\{[^}]*\})?\s+([-+0-9.eEinfINFaN]+)')
+_SAMPLE = re.compile(r"^(?:ray_)?([a-zA-Z_:][a-zA-Z0-9_:]*?)(?:_total)?(\{[^}]*\})?\s+([-+0-9.eEinfINFaN]+)")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -52,13 +52,17 @@ def _by_label(metrics: dict[str, Any], name: str, label: str) -> dict[str, float
 
 
 def server_spec_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
-    drafts = (_sum(after, "vllm:spec_decode_num_drafts") or 0) - (_sum(before, "vllm:spec_decode_num_drafts") or 0)
+    drafts = (_sum(after, "vllm:spec_decode_num_drafts") or 0) - (
+        _sum(before, "vllm:spec_decode_num_drafts") or 0
+    )
     if _sum(after, "vllm:spec_decode_num_drafts") is None:
         return None
     dt = (_sum(after, "vllm:spec_decode_num_draft_tokens") or 0) - (
-        _sum(before, "vllm:spec_decode_num_draft_tokens") or 0)  # fmt: skip
+        _sum(before, "vllm:spec_decode_num_draft_tokens") or 0
+    )
     acc = (_sum(after, "vllm:spec_decode_num_accepted_tokens") or 0) - (
-        _sum(before, "vllm:spec_decode_num_accepted_tokens") or 0)  # fmt: skip
+        _sum(before, "vllm:spec_decode_num_accepted_tokens") or 0
+    )
     pa = _by_label(after, "vllm:spec_decode_num_accepted_tokens_per_pos", "position")
     pb = _by_label(before, "vllm:spec_decode_num_accepted_tokens_per_pos", "position")
     per_pos = [pa[k] - pb.get(k, 0.0) for k in sorted(pa, key=lambda x: int(x) if x.isdigit() else 0)]
@@ -90,8 +94,14 @@ def server_step_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str
 
 
 async def _one_request(client: Any, url: str, model: str, row: dict, args: Any, seed: int) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "max_tokens": args.max_tokens, "temperature": args.temperature,
-                            "stream": True, "stream_options": {"include_usage": True}, "seed": seed}  # fmt: skip
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "seed": seed,
+    }
     if args.ignore_eos:
         body["ignore_eos"] = True
     if row["chat"]:
@@ -122,7 +132,9 @@ async def _one_request(client: Any, url: str, model: str, row: dict, args: Any, 
     return {"t0": t0, "times": times, "tokens": n}
 
 
-async def _load(url: str, model: str, rows: list[dict], concurrency: int, args: Any, desc: str) -> dict[str, Any]:
+async def _load(
+    url: str, model: str, rows: list[dict], concurrency: int, args: Any, desc: str
+) -> dict[str, Any]:
     import httpx
 
     queue: asyncio.Queue = asyncio.Queue()
@@ -131,7 +143,9 @@ async def _load(url: str, model: str, rows: list[dict], concurrency: int, args: 
     results: list[dict[str, Any]] = []
     errors: list[str] = []
     bar = progress(len(rows), desc, not args.no_progress)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=concurrency)) as c:
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=concurrency)
+    ) as c:
 
         async def worker() -> None:
             while not queue.empty():
@@ -178,22 +192,39 @@ def run_server(args: Any, report: JsonReport, budget: Budget) -> None:
         if model is None:
             models = _get(url, "/v1/models")
             if models is None:
-                report.doc["errors"].append({"system": label, "stage": "GET /v1/models", "error": f"{url} unreachable"})
+                report.doc["errors"].append(
+                    {"system": label, "stage": "GET /v1/models", "error": f"{url} unreachable"}
+                )
                 continue
             model = json.loads(models)["data"][0]["id"]
         for dataset in args.dataset:
             rows = prompt_texts(dataset, args.num_prompts)
             for b in args.batch_sizes:
-                point: dict[str, Any] = {"mode": "server", "dataset": dataset, "system": label, "url": url,
-                                         "served_model": model, "batch_size": b, "concurrency": b,
-                                         "baseline": baseline}  # fmt: skip
+                point: dict[str, Any] = {
+                    "mode": "server",
+                    "dataset": dataset,
+                    "system": label,
+                    "url": url,
+                    "served_model": model,
+                    "batch_size": b,
+                    "concurrency": b,
+                    "baseline": baseline,
+                }
                 if budget.exhausted():
                     report.doc["runs"].append({**point, "skipped": "time budget exhausted"})
                     continue
                 m0 = parse_prometheus(_get(url, "/metrics") or "")
                 try:
-                    res = asyncio.run(_load(url, model, cycle_to(rows, max(args.num_prompts, b)), b, args,
-                                            f"{label} {dataset} C={b}"))  # fmt: skip
+                    res = asyncio.run(
+                        _load(
+                            url,
+                            model,
+                            cycle_to(rows, max(args.num_prompts, b)),
+                            b,
+                            args,
+                            f"{label} {dataset} C={b}",
+                        )
+                    )
                 except Exception as e:  # noqa: BLE001
                     report.doc["runs"].append({**point, "error": short_error(e)})
                     report.save()
@@ -203,8 +234,11 @@ def run_server(args: Any, report: JsonReport, budget: Budget) -> None:
                 tokens = sum(r["tokens"] for r in ok)
                 ttft = [r["times"][0] - r["t0"] for r in ok if r["times"]]
                 itl = [b2 - a for r in ok for a, b2 in zip(r["times"], r["times"][1:])]
-                tpot = [(r["times"][-1] - r["times"][0]) / (r["tokens"] - 1) for r in ok
-                        if len(r["times"]) > 1 and r["tokens"] > 1]  # fmt: skip
+                tpot = [
+                    (r["times"][-1] - r["times"][0]) / (r["tokens"] - 1)
+                    for r in ok
+                    if len(r["times"]) > 1 and r["tokens"] > 1
+                ]
                 e2e = [r["times"][-1] - r["t0"] for r in ok if r["times"]]
                 point.update(
                     num_requests=len(ok) + len(res["errors"]),
@@ -215,8 +249,12 @@ def run_server(args: Any, report: JsonReport, budget: Budget) -> None:
                     output_tokens_per_s=round(tokens / res["wall"], 3) if res["wall"] > 0 else None,
                     spec_decode=server_spec_delta(m0, m1),
                     step_time=server_step_delta(m0, m1),
-                    latency={"ttft_ms": summarize_ms(ttft), "itl_ms": summarize_ms(itl),
-                             "tpot_ms": summarize_ms(tpot), "e2e_ms": summarize_ms(e2e)},  # fmt: skip
+                    latency={
+                        "ttft_ms": summarize_ms(ttft),
+                        "itl_ms": summarize_ms(itl),
+                        "tpot_ms": summarize_ms(tpot),
+                        "e2e_ms": summarize_ms(e2e),
+                    },
                 )
                 report.doc["runs"].append(point)
                 report.save()

@@ -27,6 +27,7 @@ from typing import Any
 from bench.common import (
     Budget,
     JsonReport,
+    apply_cpu_threads,
     cycle_to,
     datasets_arg,
     environment,
@@ -37,37 +38,74 @@ from bench.common import (
     short_error,
 )
 
-PEERS = ("hf", "hf_dynamic", "hf_static_compile", "hf_static_compile_default", "hf_static_compile_mnc",
-         "hf_static_compile_markstep", "hf_prompt_lookup", "hf_assisted", "vllm")  # fmt: skip
+PEERS = (
+    "hf",
+    "hf_dynamic",
+    "hf_static_compile",
+    "hf_static_compile_default",
+    "hf_static_compile_mnc",
+    "hf_static_compile_markstep",
+    "hf_prompt_lookup",
+    "hf_assisted",
+    "vllm",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.spec_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["engine", "server"], default="engine")
-    p.add_argument("--model", "--model-dir", dest="model", default="smollm2-135m-instruct",
-                   help="Target: HF folder, .gguf file or built-in id.")  # fmt: skip
-    p.add_argument("--dataset", type=datasets_arg, default=["gsm8k"], help="gsm8k|math500|humaneval|mt_bench|all|a,b")
+    p.add_argument(
+        "--model",
+        "--model-dir",
+        dest="model",
+        default="smollm2-135m-instruct",
+        help="Target: HF folder, .gguf file or built-in id.",
+    )
+    p.add_argument(
+        "--dataset", type=datasets_arg, default=["gsm8k"], help="gsm8k|math500|humaneval|mt_bench|all|a,b"
+    )
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--batch-sizes", type=int_list, default=[1, 4, 16, 64], help="Concurrency levels.")
-    p.add_argument("--speculative-config", action="append", default=[], help="JSON dict or list (repeatable).")
+    p.add_argument(
+        "--speculative-config", action="append", default=[], help="JSON dict or list (repeatable)."
+    )
     p.add_argument("--sweep-num-speculative-tokens", type=int_list, default=None)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--ignore-eos", action="store_true", help="Fixed output length (default: stop at EOS).")
     p.add_argument("--seed", type=int, default=0, help="Base seed; request i gets seed + i (T > 0).")
-    p.add_argument("--max-prompt-len", type=int, default=1024, help="Keep the last N tokens of longer prompts.")
+    p.add_argument(
+        "--max-prompt-len", type=int, default=1024, help="Keep the last N tokens of longer prompts."
+    )
     p.add_argument("--peer", action="append", default=[], choices=PEERS, help="Peer system (repeatable).")
+    p.add_argument(
+        "--peer-max-prompts",
+        type=int,
+        default=8,
+        help="transformers peers: at most this many prompts per point (they are slow at batch 1).",
+    )
     p.add_argument("--vllm-python", default=None, help="Python with vLLM installed (default: this one).")
-    p.add_argument("--url", action="append", default=[], help="Server mode: LABEL=URL (repeatable; first = baseline).")
-    p.add_argument("--served-model", default=None, help="Server mode: model name (default: first of /v1/models).")
+    p.add_argument(
+        "--url", action="append", default=[], help="Server mode: LABEL=URL (repeatable; first = baseline)."
+    )
+    p.add_argument(
+        "--served-model", default=None, help="Server mode: model name (default: first of /v1/models)."
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.6)
-    p.add_argument("--warmup", type=int, default=None, help="Warm-up requests per engine (default: max batch).")
-    p.add_argument("--time-budget-s", type=float, default=0, help="Skip points starting after this (0 = off).")
+    p.add_argument(
+        "--warmup", type=int, default=None, help="Warm-up requests per engine (default: max batch)."
+    )
+    p.add_argument(
+        "--time-budget-s", type=float, default=0, help="Skip points starting after this (0 = off)."
+    )
     p.add_argument("--output", default=None, help="Results JSON (rewritten after every point).")
     p.add_argument("--plots", default=None, help="Also write PNG plots into this folder.")
+    p.add_argument(
+        "--cpu-threads", type=int, default=None, help="torch.set_num_threads on CPU (default: torch's)."
+    )
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -103,15 +141,27 @@ def expand_configs(raw: list[str], sweep: list[int] | None) -> list[dict[str, An
             seen[label] = seen.get(label, 0) + 1
             if seen[label] > 1:
                 label = f"{label}-{seen[label]}"
-            systems.append({"label": label, "config_label": base, "config": cfg,
-                            "num_speculative_tokens": parsed.num_speculative_tokens})  # fmt: skip
+            systems.append(
+                {
+                    "label": label,
+                    "config_label": base,
+                    "config": cfg,
+                    "num_speculative_tokens": parsed.num_speculative_tokens,
+                }
+            )
     return systems
 
 
 # ---- engine-level --------------------------------------------------------------------------------------------
-def run_engine_system(args: argparse.Namespace, model_dir: str, system: dict[str, Any],
-                      prompts: dict[str, list[list[int]]], report: JsonReport, budget: Budget,
-                      plain_tokens: dict[tuple[str, int], list[list[int]]]) -> None:  # fmt: skip
+def run_engine_system(
+    args: argparse.Namespace,
+    model_dir: str,
+    system: dict[str, Any],
+    prompts: dict[str, list[list[int]]],
+    report: JsonReport,
+    budget: Budget,
+    plain_tokens: dict[tuple[str, int], list[list[int]]],
+) -> None:
     """Build one engine (plain or one speculative config) and measure every dataset x batch size."""
     from bench.engine_load import (
         StepTimers,
@@ -127,12 +177,20 @@ def run_engine_system(args: argparse.Namespace, model_dir: str, system: dict[str
     max_bs = max(args.batch_sizes)
     try:
         t0 = time.perf_counter()
-        engine = LLMEngine(EngineConfig(
-            model=model_dir, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-            max_num_seqs=max_bs, max_num_batched_tokens=max(2048, max_bs * ((k or 0) + 1)),
-            cuda_graph_batch_sizes=sorted({1, 2, 4, 8, 16, 24, 32, 48, 64, *args.batch_sizes}),
-            gpu_memory_utilization=args.gpu_memory_utilization, speculative_config=cfg, seed=args.seed,
-        ))  # fmt: skip
+        engine = LLMEngine(
+            EngineConfig(
+                model=model_dir,
+                dtype=args.dtype,
+                device=args.device,
+                max_model_len=args.max_model_len,
+                max_num_seqs=max_bs,
+                max_num_batched_tokens=max(2048, max_bs * ((k or 0) + 1)),
+                cuda_graph_batch_sizes=sorted({1, 2, 4, 8, 16, 24, 32, 48, 64, *args.batch_sizes}),
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                speculative_config=cfg,
+                seed=args.seed,
+            )
+        )
         init_s = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - a method that cannot load is a recorded result
         report.doc["errors"].append({"system": label, "stage": "engine init", "error": short_error(e)})
@@ -147,22 +205,35 @@ def run_engine_system(args: argparse.Namespace, model_dir: str, system: dict[str
         run_closed_loop(engine, timers, cycle_to(first, n_warm), [warm] * n_warm, max_bs, "warm-up", False)
     for dataset, ds_prompts in prompts.items():
         for b in args.batch_sizes:
-            point = {"mode": "engine", "dataset": dataset, "system": label, "config_label": system["config_label"],
-                     "method": cfg["method"] if cfg else "plain", "num_speculative_tokens": k,
-                     "speculative_config": cfg, "batch_size": b, "engine_init_s": round(init_s, 2)}  # fmt: skip
+            point = {
+                "mode": "engine",
+                "dataset": dataset,
+                "system": label,
+                "config_label": system["config_label"],
+                "method": cfg["method"] if cfg else "plain",
+                "num_speculative_tokens": k,
+                "speculative_config": cfg,
+                "batch_size": b,
+                "engine_init_s": round(init_s, 2),
+            }
             if budget.exhausted():
                 report.doc["runs"].append({**point, "skipped": "time budget exhausted"})
                 continue
             reqs = cycle_to(ds_prompts, max(args.num_prompts, b))
             params = [
-                SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                               ignore_eos=args.ignore_eos, seed=args.seed + i)  # fmt: skip
+                SamplingParams(
+                    max_tokens=args.max_tokens,
+                    temperature=args.temperature,
+                    ignore_eos=args.ignore_eos,
+                    seed=args.seed + i,
+                )
                 for i in range(len(reqs))
             ]
             before = spec_metrics_snapshot(engine)
             try:
-                res = run_closed_loop(engine, timers, reqs, params, b, f"{label} {dataset} b={b}",
-                                      not args.no_progress)  # fmt: skip
+                res = run_closed_loop(
+                    engine, timers, reqs, params, b, f"{label} {dataset} b={b}", not args.no_progress
+                )
             except Exception as e:  # noqa: BLE001
                 report.doc["runs"].append({**point, "error": short_error(e)})
                 report.save()
@@ -185,15 +256,23 @@ def run_engine_system(args: argparse.Namespace, model_dir: str, system: dict[str
             report.doc["runs"].append(point)
             report.save()
             sd = point["spec_decode"] or {}
-            log(f"{label} {dataset} b={b}: {point['output_tokens_per_s']} tok/s"
-                + (f", MAL {sd.get('mean_acceptance_length')}" if sd else ""))  # fmt: skip
+            log(
+                f"{label} {dataset} b={b}: {point['output_tokens_per_s']} tok/s"
+                + (f", MAL {sd.get('mean_acceptance_length')}" if sd else "")
+            )
     timers.remove()
     del timers, engine
     release_device_memory()
 
 
-def run_hf_peers(args: argparse.Namespace, model_dir: str, systems: list[dict[str, Any]],
-                 prompts: dict[str, list[list[int]]], report: JsonReport, budget: Budget) -> None:  # fmt: skip
+def run_hf_peers(
+    args: argparse.Namespace,
+    model_dir: str,
+    systems: list[dict[str, Any]],
+    prompts: dict[str, list[list[int]]],
+    report: JsonReport,
+    budget: Budget,
+) -> None:
     """transformers peers: plain systems for every point; prompt lookup per ngram config and assisted
     generation per draft_model config (batch 1 only, skipped with the reason otherwise)."""
     import torch
@@ -203,8 +282,11 @@ def run_hf_peers(args: argparse.Namespace, model_dir: str, systems: list[dict[st
     from flexspec.models.loader import resolve_model_dir
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32,
-             "float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]  # fmt: skip
+    dtype = {
+        "auto": torch.bfloat16 if device == "cuda" else torch.float32,
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+    }[args.dtype]
     peer = HFPeer(model_dir, device, dtype)
     jobs: list[tuple[str, str, dict[str, Any]]] = []  # (label, hf system, kwargs)
     for name in dict.fromkeys(args.peer):
@@ -214,14 +296,18 @@ def run_hf_peers(args: argparse.Namespace, model_dir: str, systems: list[dict[st
         if hf_name == "hf_prompt_lookup":
             for s in systems:
                 if s["config"]["method"] == "ngram":
-                    kw = {"num_speculative_tokens": s["num_speculative_tokens"],
-                          "max_matching_ngram_size": s["config"].get("prompt_lookup_max")}  # fmt: skip
+                    kw = {
+                        "num_speculative_tokens": s["num_speculative_tokens"],
+                        "max_matching_ngram_size": s["config"].get("prompt_lookup_max"),
+                    }
                     jobs.append((f"hf_prompt_lookup-{s['label']}", hf_name, kw))
         elif hf_name == "hf_assisted":
             for s in systems:
                 if s["config"]["method"] == "draft_model":
-                    kw = {"num_speculative_tokens": s["num_speculative_tokens"],
-                          "assistant_dir": str(resolve_model_dir(s["config"]["model"]))}  # fmt: skip
+                    kw = {
+                        "num_speculative_tokens": s["num_speculative_tokens"],
+                        "assistant_dir": str(resolve_model_dir(s["config"]["model"])),
+                    }
                     jobs.append((f"hf_assisted-{s['label']}", hf_name, kw))
         else:
             jobs.append((hf_name, hf_name, {}))
@@ -229,16 +315,31 @@ def run_hf_peers(args: argparse.Namespace, model_dir: str, systems: list[dict[st
         for dataset, ds_prompts in prompts.items():
             pad_to = max(len(p) for p in ds_prompts)
             for b in args.batch_sizes:
-                point = {"mode": "engine", "peer": "transformers", "dataset": dataset, "system": label,
-                         "method": hf_name, "num_speculative_tokens": kw.get("num_speculative_tokens"),
-                         "batch_size": b}  # fmt: skip
+                point = {
+                    "mode": "engine",
+                    "peer": "transformers",
+                    "dataset": dataset,
+                    "system": label,
+                    "method": hf_name,
+                    "num_speculative_tokens": kw.get("num_speculative_tokens"),
+                    "batch_size": b,
+                }
                 if budget.exhausted():
                     report.doc["runs"].append({**point, "skipped": "time budget exhausted"})
                     continue
                 try:
-                    reqs = cycle_to(ds_prompts, max(args.num_prompts, b))
-                    rec = run_requests(peer, hf_name, reqs, b, args.max_tokens, args.temperature, args.ignore_eos,
-                                       pad_to, **kw)  # fmt: skip
+                    reqs = cycle_to(ds_prompts, max(min(args.num_prompts, args.peer_max_prompts), b))
+                    rec = run_requests(
+                        peer,
+                        hf_name,
+                        reqs,
+                        b,
+                        args.max_tokens,
+                        args.temperature,
+                        args.ignore_eos,
+                        pad_to,
+                        **kw,
+                    )
                     rec.pop("token_ids", None)
                     point.update(rec)
                     log(f"{label} {dataset} b={b}: {rec['output_tokens_per_s']} tok/s")
@@ -254,8 +355,14 @@ def run_hf_peers(args: argparse.Namespace, model_dir: str, systems: list[dict[st
     release_device_memory()
 
 
-def run_vllm(args: argparse.Namespace, model_dir: str, systems: list[dict[str, Any]],
-             prompts: dict[str, list[list[int]]], report: JsonReport, budget: Budget) -> None:  # fmt: skip
+def run_vllm(
+    args: argparse.Namespace,
+    model_dir: str,
+    systems: list[dict[str, Any]],
+    prompts: dict[str, list[list[int]]],
+    report: JsonReport,
+    budget: Budget,
+) -> None:
     """vLLM peer: ``bench/vllm_peer.py`` in a subprocess per system (its own interpreter / venv and its own
     GPU memory). Skipped, with the reason recorded, when vLLM is not importable."""
     import subprocess
@@ -264,32 +371,62 @@ def run_vllm(args: argparse.Namespace, model_dir: str, systems: list[dict[str, A
 
     python = args.vllm_python or sys.executable
     if args.vllm_python is None and not module_available("vllm"):
-        report.doc["runs"].append({"mode": "engine", "peer": "vllm", "system": "vllm",
-                                   "skipped": "vllm is not importable here (pass --vllm-python)"})  # fmt: skip
+        report.doc["runs"].append(
+            {
+                "mode": "engine",
+                "peer": "vllm",
+                "system": "vllm",
+                "skipped": "vllm is not importable here (pass --vllm-python)",
+            }
+        )
         report.save()
         return
     script = Path(__file__).with_name("vllm_peer.py")
+    dtype = args.dtype
+    if dtype == "auto":  # the dtype our engine used: float32 on CPU, bfloat16 on GPU
+        import torch
+
+        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        dtype = "bfloat16" if cuda else "float32"
     jobs = [{"label": "vllm", "config": None}]
     jobs += [{"label": f"vllm-{s['label']}", "config": s["config"]} for s in systems]
     for system in jobs:
         if budget.exhausted():
-            report.doc["runs"].append({"mode": "engine", "peer": "vllm", "system": system["label"],
-                                       "skipped": "time budget exhausted"})  # fmt: skip
+            report.doc["runs"].append(
+                {
+                    "mode": "engine",
+                    "peer": "vllm",
+                    "system": system["label"],
+                    "skipped": "time budget exhausted",
+                }
+            )
             continue
         job = {
-            "model": model_dir, "dtype": args.dtype, "temperature": args.temperature, "max_tokens": args.max_tokens,
-            "ignore_eos": args.ignore_eos, "seed": args.seed, "batch_sizes": args.batch_sizes,
-            "num_prompts": args.num_prompts, "max_model_len": args.max_model_len,
-            "gpu_memory_utilization": args.gpu_memory_utilization, "prompts": prompts, "systems": [system],
-        }  # fmt: skip
+            "model": model_dir,
+            "dtype": dtype,
+            "temperature": args.temperature,
+            "max_tokens": args.max_tokens,
+            "ignore_eos": args.ignore_eos,
+            "seed": args.seed,
+            "batch_sizes": args.batch_sizes,
+            "num_prompts": args.num_prompts,
+            "max_model_len": args.max_model_len,
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "prompts": prompts,
+            "systems": [system],
+        }
         with tempfile.TemporaryDirectory() as tmp:
             inp, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
             inp.write_text(json.dumps(job))
             log(f"{system['label']}: running vLLM with {python}")
-            proc = subprocess.run([python, str(script), str(inp), str(out)], capture_output=True, text=True)
+            proc = subprocess.run(
+                [python, str(script), str(inp), str(out)], capture_output=True, text=True, check=False
+            )
             if proc.returncode != 0 or not out.is_file():
                 tail = (proc.stderr or proc.stdout)[-1500:]
-                report.doc["errors"].append({"system": system["label"], "stage": "vllm subprocess", "error": tail})
+                report.doc["errors"].append(
+                    {"system": system["label"], "stage": "vllm subprocess", "error": tail}
+                )
             else:
                 result = json.loads(out.read_text())
                 report.doc["runs"].extend(result.get("runs", []))
@@ -300,8 +437,11 @@ def run_vllm(args: argparse.Namespace, model_dir: str, systems: list[dict[str, A
 def add_ratios(runs: list[dict[str, Any]]) -> None:
     """throughput_ratio = tokens/s of a point / tokens/s of its baseline at the same dataset, batch and mode:
     our plain engine for our methods, transformers dynamic for transformers peers, vLLM plain for vLLM."""
-    index = {(r.get("mode"), r.get("dataset"), r.get("batch_size"), r.get("system")): r
-             for r in runs if r.get("output_tokens_per_s")}  # fmt: skip
+    index = {
+        (r.get("mode"), r.get("dataset"), r.get("batch_size"), r.get("system")): r
+        for r in runs
+        if r.get("output_tokens_per_s")
+    }
     for r in runs:
         if not r.get("output_tokens_per_s"):
             continue
@@ -321,16 +461,22 @@ def add_ratios(runs: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
+    apply_cpu_threads(args.cpu_threads)
     budget = Budget(args.time_budget_s)
     systems = expand_configs(args.speculative_config, args.sweep_num_speculative_tokens)
-    report = JsonReport(args.output, {
-        "schema": "flexspec.bench.spec/1",
-        "env": environment(),
-        "config": {k: v for k, v in vars(args).items() if k not in ("speculative_config", "output", "plots")},
-        "systems": [{"label": "plain", "config": None}] + systems,
-        "runs": [],
-        "errors": [],
-    })  # fmt: skip
+    report = JsonReport(
+        args.output,
+        {
+            "schema": "flexspec.bench.spec/1",
+            "env": environment(),
+            "config": {
+                k: v for k, v in vars(args).items() if k not in ("speculative_config", "output", "plots")
+            },
+            "systems": [{"label": "plain", "config": None}] + systems,
+            "runs": [],
+            "errors": [],
+        },
+    )
     report.save()
     if args.mode == "server":
         from bench.server_bench import run_server
@@ -344,7 +490,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model_dir = str(resolve_model_dir(args.model))
         report.doc["config"]["model_dir"] = model_dir
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        prompts = {d: prompt_token_ids(tokenizer, d, args.num_prompts, args.max_prompt_len) for d in args.dataset}
+        prompts = {
+            d: prompt_token_ids(tokenizer, d, args.num_prompts, args.max_prompt_len) for d in args.dataset
+        }
         report.doc["config"]["prompt_lens"] = {d: [len(p) for p in ps] for d, ps in prompts.items()}
         plain_tokens: dict[tuple[str, int], list[list[int]]] = {}
         plain = {"label": "plain", "config_label": "plain", "config": None, "num_speculative_tokens": None}
@@ -358,9 +506,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report.doc["elapsed_s"] = round(budget.elapsed, 1)
     report.save()
     if args.plots:
-        from bench.plots import make_plots
+        try:
+            from bench.plots import make_plots
 
-        report.doc["plots"] = make_plots([report.doc], args.plots)
+            report.doc["plots"] = make_plots([report.doc], args.plots)
+        except ImportError as e:  # e.g. no matplotlib on the GPU machine: plot later with bench.plots
+            report.doc["plots"] = f"not made: {e}"
         report.save()
     return report.doc
 

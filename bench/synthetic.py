@@ -29,18 +29,38 @@ from bench.common import JsonReport, environment, int_list, log, median
 
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-8b": {  # Qwen/Qwen3-8B config.json (shape fields)
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096,
-        "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
-        "tie_word_embeddings": False, "hidden_act": "silu",
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
     },
     "tiny": {  # CPU smoke tests
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 512, "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 4096,
-        "tie_word_embeddings": False, "hidden_act": "silu",
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
     },
-}  # fmt: skip
+}
 BLOCK_SIZE = 16
 
 
@@ -81,8 +101,16 @@ class StepGraph:
 
     Sequence s owns KV blocks [s * max_blocks, (s + 1) * max_blocks), so slots follow from positions."""
 
-    def __init__(self, model: Any, batch: int, q: int, num_logits: int, max_blocks: int, use_graph: bool,
-                 pool: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        batch: int,
+        q: int,
+        num_logits: int,
+        max_blocks: int,
+        use_graph: bool,
+        pool: Any = None,
+    ) -> None:
         import torch
 
         from flexspec.layers.attention import AttentionMetadata
@@ -183,13 +211,23 @@ def load_profile(args: argparse.Namespace) -> list[float]:
         text = Path(text).read_text()
     data = json.loads(text)
     if isinstance(data, dict):  # a spec_bench results file: sum one system's counters over its runs
-        runs = [r for r in data.get("runs", []) if r.get("system") == args.profile_system and r.get("spec_decode")
-                and (args.profile_dataset is None or r.get("dataset") == args.profile_dataset)]  # fmt: skip
+        runs = [
+            r
+            for r in data.get("runs", [])
+            if r.get("system") == args.profile_system
+            and r.get("spec_decode")
+            and (args.profile_dataset is None or r.get("dataset") == args.profile_dataset)
+        ]
         if not runs:
-            raise SystemExit(f"no runs of system {args.profile_system!r} with spec_decode counters in {args.profile}")
+            raise SystemExit(
+                f"no runs of system {args.profile_system!r} with spec_decode counters in {args.profile}"
+            )
         drafts = sum(r["spec_decode"]["num_drafts"] for r in runs)
         n = max(len(r["spec_decode"]["num_accepted_tokens_per_pos"]) for r in runs)
-        acc = [sum((r["spec_decode"]["num_accepted_tokens_per_pos"] + [0] * n)[i] for r in runs) for i in range(n)]
+        acc = [
+            sum((r["spec_decode"]["num_accepted_tokens_per_pos"] + [0] * n)[i] for r in runs)
+            for i in range(n)
+        ]
         data = [a / drafts for a in acc] if drafts else []
     if not isinstance(data, list) or not data or any(not 0 <= float(x) <= 1 for x in data):
         raise SystemExit("--profile must be a non-empty JSON list of acceptance rates in [0, 1]")
@@ -198,19 +236,33 @@ def load_profile(args: argparse.Namespace) -> list[float]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.synthetic", description=__doc__.split("\n\n")[0])
-    p.add_argument("--profile", required=True, help="JSON list p_1..p_K, a file with one, or a spec_bench JSON.")
-    p.add_argument("--profile-system", default=None, help="With a spec_bench JSON: the system label to replay.")
+    p.add_argument(
+        "--profile", required=True, help="JSON list p_1..p_K, a file with one, or a spec_bench JSON."
+    )
+    p.add_argument(
+        "--profile-system", default=None, help="With a spec_bench JSON: the system label to replay."
+    )
     p.add_argument("--profile-dataset", default=None, help="With a spec_bench JSON: only this dataset.")
     p.add_argument("--label", default=None, help="Name of this projection in plots.")
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
-    p.add_argument("--config-json", default=None, help="HF config.json to take the target shape from instead.")
+    p.add_argument(
+        "--config-json", default=None, help="HF config.json to take the target shape from instead."
+    )
     p.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     p.add_argument("--context-len", type=int, default=1024, help="Cached tokens per sequence at the start.")
     p.add_argument("--steps", type=int, default=24, help="Replayed steps per batch size and step type.")
-    p.add_argument("--drafter-layers", type=int, default=1, help="Drafter = this many target-shaped layers; 0 = free.")
-    p.add_argument("--drafter-style", choices=["parallel", "autoregressive"], default="parallel",
-                   help="parallel: one forward over K+1 tokens (DFlash-like); autoregressive: K 1-token forwards.")
-    p.add_argument("--host-overhead-ms", type=float, default=0.0, help="Added to every step (engine overhead).")
+    p.add_argument(
+        "--drafter-layers", type=int, default=1, help="Drafter = this many target-shaped layers; 0 = free."
+    )
+    p.add_argument(
+        "--drafter-style",
+        choices=["parallel", "autoregressive"],
+        default="parallel",
+        help="parallel: one forward over K+1 tokens (DFlash-like); autoregressive: K 1-token forwards.",
+    )
+    p.add_argument(
+        "--host-overhead-ms", type=float, default=0.0, help="Added to every step (engine overhead)."
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--eager", action="store_true", help="No CUDA graphs.")
     p.add_argument("--seed", type=int, default=0)
@@ -218,8 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def project_batch(target: Any, drafter: Any, b: int, profile: list[float], args: argparse.Namespace,
-                  dtype: Any, rng: random.Random) -> dict[str, Any]:  # fmt: skip
+def project_batch(
+    target: Any,
+    drafter: Any,
+    b: int,
+    profile: list[float],
+    args: argparse.Namespace,
+    dtype: Any,
+    rng: random.Random,
+) -> dict[str, Any]:
     import torch
 
     K = len(profile)
@@ -284,21 +343,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     args = build_parser().parse_args(argv)
     profile = load_profile(args)
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    )
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     cfg = json.loads(Path(args.config_json).read_text()) if args.config_json else SHAPES[args.shape]
-    report = JsonReport(args.output, {
-        "schema": "flexspec.bench.synthetic/1",
-        "projection": True,
-        "note": "PROJECTION, not a measurement: random weights, acceptance replayed from the given per-position "
-                "profile, forward time only (CUDA-graph replays on GPU) plus --host-overhead-ms per step.",
-        "env": environment(),
-        "config": {"shape": args.config_json or args.shape, "label": args.label, "target_config": cfg,
-                   "profile": profile, "num_speculative_tokens": len(profile),
-                   "expected_mal": round(1 + sum(profile), 4), "device": str(device), "dtype": str(dtype),
-                   **{k: v for k, v in vars(args).items() if k not in ("profile", "output", "config_json")}},
-        "points": [],
-    })  # fmt: skip
+    report = JsonReport(
+        args.output,
+        {
+            "schema": "flexspec.bench.synthetic/1",
+            "projection": True,
+            "note": "PROJECTION, not a measurement: random weights, acceptance replayed from the given per-position "
+            "profile, forward time only (CUDA-graph replays on GPU) plus --host-overhead-ms per step.",
+            "env": environment(),
+            "config": {
+                "shape": args.config_json or args.shape,
+                "label": args.label,
+                "target_config": cfg,
+                "profile": profile,
+                "num_speculative_tokens": len(profile),
+                "expected_mal": round(1 + sum(profile), 4),
+                "device": str(device),
+                "dtype": str(dtype),
+                **{k: v for k, v in vars(args).items() if k not in ("profile", "output", "config_json")},
+            },
+            "points": [],
+        },
+    )
     t0 = time.perf_counter()
     target = build_random_model(cfg, device, dtype)
     drafter = build_random_model(cfg, device, dtype, args.drafter_layers) if args.drafter_layers > 0 else None

@@ -73,21 +73,30 @@ def main(job_path: str, out_path: str) -> None:
     import vllm
     from vllm import LLM, SamplingParams
 
-    job = json.load(open(job_path))
+    with open(job_path) as f:
+        job = json.load(f)
     runs: list[dict[str, Any]] = []
     for system in job["systems"]:
         cfg = _vllm_spec_config(system["config"])
-        kwargs: dict[str, Any] = dict(
-            model=job["model"], max_model_len=job["max_model_len"], seed=job["seed"],
-            gpu_memory_utilization=job["gpu_memory_utilization"], max_num_seqs=max(job["batch_sizes"]),
-        )  # fmt: skip
+        kwargs: dict[str, Any] = {
+            "model": job["model"],
+            "max_model_len": job["max_model_len"],
+            "seed": job["seed"],
+            "gpu_memory_utilization": job["gpu_memory_utilization"],
+            "max_num_seqs": max(job["batch_sizes"]),
+        }
         if job["dtype"] != "auto":
             kwargs["dtype"] = job["dtype"]
         if cfg is not None:
             kwargs["speculative_config"] = cfg
-        base = {"mode": "engine", "peer": "vllm", "system": system["label"], "speculative_config": cfg,
-                "method": (cfg or {}).get("method", "plain"),
-                "num_speculative_tokens": (cfg or {}).get("num_speculative_tokens")}  # fmt: skip
+        base = {
+            "mode": "engine",
+            "peer": "vllm",
+            "system": system["label"],
+            "speculative_config": cfg,
+            "method": (cfg or {}).get("method", "plain"),
+            "num_speculative_tokens": (cfg or {}).get("num_speculative_tokens"),
+        }
         try:
             t0 = time.perf_counter()
             llm = LLM(**kwargs)
@@ -99,8 +108,12 @@ def main(job_path: str, out_path: str) -> None:
             for b in job["batch_sizes"]:
                 n = max(job["num_prompts"], b)
                 reqs = [{"prompt_token_ids": prompts[i % len(prompts)]} for i in range(n)]
-                params = SamplingParams(max_tokens=job["max_tokens"], temperature=job["temperature"],
-                                        ignore_eos=job["ignore_eos"], seed=job["seed"])  # fmt: skip
+                params = SamplingParams(
+                    max_tokens=job["max_tokens"],
+                    temperature=job["temperature"],
+                    ignore_eos=job["ignore_eos"],
+                    seed=job["seed"],
+                )
                 llm.generate(reqs[: min(b, 4)], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
                 before = _spec_counters(llm)
                 t0 = time.perf_counter()
@@ -109,12 +122,23 @@ def main(job_path: str, out_path: str) -> None:
                     for o in llm.generate(reqs[i : i + b], params, use_tqdm=False):
                         tokens += len(o.outputs[0].token_ids)
                 wall = time.perf_counter() - t0
-                runs.append({**base, "dataset": dataset, "batch_size": b, "num_requests": n, "output_tokens": tokens,
-                             "wall_s": round(wall, 4), "output_tokens_per_s": round(tokens / wall, 3),
-                             "engine_init_s": round(init_s, 2), "batching": "waves of batch_size (LLM.generate)",
-                             "spec_decode": _delta(before, _spec_counters(llm)) if cfg else None})  # fmt: skip
+                runs.append(
+                    {
+                        **base,
+                        "dataset": dataset,
+                        "batch_size": b,
+                        "num_requests": n,
+                        "output_tokens": tokens,
+                        "wall_s": round(wall, 4),
+                        "output_tokens_per_s": round(tokens / wall, 3),
+                        "engine_init_s": round(init_s, 2),
+                        "batching": "waves of batch_size (LLM.generate)",
+                        "spec_decode": _delta(before, _spec_counters(llm)) if cfg else None,
+                    }
+                )
         del llm
-    json.dump({"env": {"vllm": vllm.__version__}, "runs": runs}, open(out_path, "w"))
+    with open(out_path, "w") as f:
+        json.dump({"env": {"vllm": vllm.__version__}, "runs": runs}, f)
 
 
 if __name__ == "__main__":

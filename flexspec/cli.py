@@ -143,9 +143,25 @@ def serve(
 
 
 # Drafter training (issue 5): the command lives in flexspec/train/cli.py.
-from flexspec.train.cli import train_drafter  # noqa: E402
+from flexspec.train.cli import train_drafter
 
 app.command("train-drafter")(train_drafter)
+
+
+# Benchmarks (issues 2 and 7): argparse modules in bench/ (they also run without typer); this forwards to them.
+@app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)  # fmt: skip
+def bench(ctx: typer.Context) -> None:
+    """Benchmarks: `flexspec bench --dataset gsm8k --speculative-config JSON ...` (speculative decoding), or
+    `flexspec bench engine|synthetic|plots ...`; `flexspec bench [engine|synthetic|plots] --help` for options."""
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:  # bench/ is a folder of the repository, next to flexspec/
+        sys.path.append(root)
+    from bench.cli import run
+
+    run(list(ctx.args))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ the interpreter (``TRITON_INTERPRET=1`` set before ``triton`` is imported).
 """
 
 from .attention import pack_masks, paged_attention, paged_attention_ref, paged_attention_triton
+from .expansion import MaskGroups, expand_mask_groups, expand_mask_groups_ref, expand_mask_groups_triton
 from .kv_cache import store_kv_cache, store_kv_cache_ref, store_kv_cache_triton
 from .rejection import (
     PLACEHOLDER_TOKEN_ID,
@@ -17,6 +18,10 @@ from .rejection import (
 
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
+    "MaskGroups",
+    "expand_mask_groups",
+    "expand_mask_groups_ref",
+    "expand_mask_groups_triton",
     "num_emitted",
     "pack_masks",
     "paged_attention",

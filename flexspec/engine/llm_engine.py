@@ -57,6 +57,8 @@ class LLMEngine:
         self.spec_metrics = SpecDecodingMetrics()
         self.policy = SpeculationPolicy(config) if config.speculative_config is not None else None
         self._finished_seq_ids: list[int] = []
+        self.last_mode = "plain"  # execution mode the policy chose for the latest step
+        self.last_step_seconds = 0.0
         self._ids = itertools.count()
 
     # ---- requests -----------------------------------------------------------------------------------------
@@ -150,6 +152,7 @@ class LLMEngine:
             decision = self.policy.decide(sched)
             inp.num_speculative_tokens = decision.num_speculative_tokens
             inp.spec_mode = decision.mode
+        self.last_mode = inp.spec_mode if self.policy is not None else "plain"
         inp.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
         return inp
 
@@ -166,6 +169,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         out = self.executor.execute(inp)
         elapsed = time.perf_counter() - t0
+        self.last_step_seconds = elapsed
         self.stats.num_steps += 1
         step_metrics = SpecDecodingMetrics()
         outputs: list[RequestOutput] = []

@@ -73,7 +73,7 @@ class ModelRunner:
         self.block_size = config.kv_block_size
         self.max_blocks_per_seq = -(-config.max_model_len // self.block_size)
         self.num_kv_blocks = 0
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: list[DecodeGraphs] = []  # by query length: plain decode (1) and verification (1 + K)
         self.spec_worker = None
         if config.speculative_config is not None:
             from flexspec.spec.spec_worker import SpecDecodeWorker
@@ -119,8 +119,20 @@ class ModelRunner:
         if self.spec_worker is not None:
             self.spec_worker.drafter.allocate(num_blocks)
         if self.device.type == "cuda" and not cfg.enforce_eager:
-            self.graphs = DecodeGraphs(self, cfg.cuda_graph_batch_sizes)
+            self.capture_cuda_graphs()
         return num_blocks
+
+    def capture_cuda_graphs(self) -> None:
+        """Capture decode graphs (1 token per sequence) and, with a drafter, verification graphs (1 + K)."""
+        sizes = self.config.cuda_graph_batch_sizes
+        self.graphs = [DecodeGraphs(self, sizes)]
+        if self.spec_worker is not None:
+            k = self.spec_worker.drafter.num_speculative_tokens
+            layers = tuple(self.spec_worker.drafter.capture_layers)
+            try:
+                self.graphs.append(DecodeGraphs(self, sizes, query_len=1 + k, capture_layers=layers))
+            except RuntimeError as e:  # e.g. out of memory for very large K x batch: run verification eagerly
+                log.warning("verification CUDA graphs not captured (%s); running them eagerly", e)
 
     @torch.inference_mode()
     def _profile_peak(self) -> None:
@@ -167,8 +179,10 @@ class ModelRunner:
 
         ``side`` (a ``SideStream``) adds tokens that join at a later layer (FlexDraft parallel mode).
         """
-        if side is None and self.graphs is not None and not inp.capture_layers and self.graphs.can_run(inp):
-            return self.graphs.run(inp), []
+        if side is None and all(inp.samples or [True]):
+            for graphs in self.graphs:
+                if graphs.can_run(inp):
+                    return graphs.run(inp)
         input_ids, meta = self.build_metadata(inp)
         kwargs = {"side": side} if side is not None else {}
         hidden, captured = self.model(input_ids, meta, capture_layers=inp.capture_layers, **kwargs)

@@ -24,6 +24,7 @@ from flexspec.models.side_stream import SideStream
 from flexspec.spec.base import DraftProposal, Drafter, SeqDraftInput
 from flexspec.spec.models.flexdraft_model import FlexDraftModel
 from flexspec.spec.registry import register
+from kernels import expand_mask_groups
 
 
 @register
@@ -54,25 +55,30 @@ class FlexDraftDrafter(Drafter):
             core.k_cache, core.v_cache = target_core.k_cache, target_core.v_cache
 
     # ---- side-stream construction -------------------------------------------------------------------------
-    def _side_stream(self, groups: list[tuple[list[int], int]]) -> SideStream:
-        """groups: (block table, context length) per group; each group's B masks sit right after its context."""
+    def _side_stream(self, tables: list[list[int]], last_pos: list[int], num_groups: list[int]) -> SideStream:
+        """Mask-token groups for sequences with these block tables: sequence i gets ``num_groups[i]`` groups,
+        group k at positions last_pos[i]+k+1 .. +B with context length last_pos[i]+k+1 (see the module doc).
+        Inputs are expanded on the device by ``kernels.expand_mask_groups`` (Triton on GPU)."""
         dev, B = self.runner.device, self.block_size
-        positions, tables, ctx = [], [], []
-        for table, c in groups:
-            positions.extend(min(c + j, self.max_position) for j in range(B))
-            tables.append(table)
-            ctx.append(c)
         width = max(len(t) for t in tables) or 1
-        G = len(groups)
+        G = sum(num_groups)
+        g = expand_mask_groups(
+            torch.tensor(last_pos, dtype=torch.int64).to(dev, non_blocking=True),
+            torch.tensor(num_groups, dtype=torch.int32).to(dev, non_blocking=True),
+            torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).to(dev, non_blocking=True),
+            B,
+            G,
+            self.max_position,
+        )
         meta = AttentionMetadata(
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            slot_mapping=torch.full((G * B,), -1, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(ctx, dtype=torch.int32, device=dev),
-            query_start_loc=torch.arange(0, (G + 1) * B, B, dtype=torch.int32, device=dev),
+            positions=g.positions,
+            slot_mapping=g.slot_mapping,
+            block_tables=g.block_tables,
+            context_lens=g.context_lens,
+            query_start_loc=g.query_start_loc,
             max_query_len=B,
-            mask=torch.ones(G * B * B, dtype=torch.bool, device=dev),  # bidirectional inside each group
-            mask_start_loc=torch.arange(0, (G + 1) * B * B, B * B, dtype=torch.int64, device=dev),
+            mask=g.mask,  # bidirectional inside each group
+            mask_start_loc=g.mask_start_loc,
         )
         hidden = self.model.mask_embedding.to(self.runner.dtype).expand(G * B, -1)
         return SideStream(start_layer=self.start_layer, hidden=hidden, meta=meta, attn=self.model.attn)
@@ -82,17 +88,20 @@ class FlexDraftDrafter(Drafter):
         self.last_mode = inp.spec_mode
         if inp.spec_mode != "parallel" or inp.num_speculative_tokens == 0:
             return None
-        groups = []
+        tables, last_pos, num_groups = [], [], []
+        total = 0
         for s in range(len(inp.seq_ids)):
             if not inp.samples[s]:
                 continue
             d = inp.num_draft_tokens[s]
-            last = inp.context_lens[s] + inp.query_lens[s] - 1 - d  # position of the last committed input
-            self._groups[s] = len(groups)
-            groups.extend((inp.block_tables[s], last + k + 1) for k in range(d + 1))
-        if not groups:
+            self._groups[s] = total
+            tables.append(inp.block_tables[s])
+            last_pos.append(inp.context_lens[s] + inp.query_lens[s] - 1 - d)  # last committed input position
+            num_groups.append(d + 1)
+            total += d + 1
+        if not tables:
             return None
-        self._side = self._side_stream(groups)
+        self._side = self._side_stream(tables, last_pos, num_groups)
         return self._side
 
     # ---- drafting -----------------------------------------------------------------------------------------
@@ -115,7 +124,11 @@ class FlexDraftDrafter(Drafter):
             base = self._side.out.shape[0]
         decoupled = [s for s, item in enumerate(batch) if item.num_drafts > 0 and s not in rows]
         if decoupled:
-            side = self._side_stream([(inp.block_tables[s], len(batch[s].token_ids) - 1) for s in decoupled])
+            side = self._side_stream(
+                [inp.block_tables[s] for s in decoupled],
+                [len(batch[s].token_ids) - 2 for s in decoupled],  # the bonus (not yet computed) is at L-1
+                [1] * len(decoupled),
+            )
             pieces.append(self.runner.model.forward_side_only(side))
             for k, s in enumerate(decoupled):
                 rows[s] = base + k * B

@@ -1,14 +1,14 @@
 """Training checkpoints: ``DIR/checkpoints/step-NNNNNNN/``.
 
-* ``drafter/`` — the method's checkpoint folder in fp32 (same layout the engine loads; :mod:`package` casts it)
+* ``drafter/`` — the method's checkpoint folder in fp32 (same layout the engine loads; :mod:`package` casts
+  it)
 * ``optimizer.pt`` — AdamW state (tensors and numbers only; read back with ``weights_only=True``)
 * ``state.json`` — step, learning rate, method; the LR schedule and the data order are functions of the step
 * ``rng.safetensors`` — torch CPU (+ CUDA) RNG states
 
-A checkpoint is written under ``.tmp`` and renamed into place, so a run killed mid-write leaves the previous one.
-The latest ``keep`` checkpoints are kept. ``optimizer.pt`` may be missing in an exported (size-capped) state: the
-run then resumes the weights with fresh optimizer moments and says so.
-"""
+A checkpoint is written under ``.tmp`` and renamed into place, so a run killed mid-write leaves the previous
+one. The latest ``keep`` checkpoints are kept. ``optimizer.pt`` may be missing in an exported (size-capped)
+state: the run then resumes the weights with fresh optimizer moments and says so."""
 
 from __future__ import annotations
 
@@ -31,7 +31,11 @@ def checkpoints_dir(root: Path) -> Path:
 
 def list_checkpoints(root: Path) -> list[Path]:
     d = checkpoints_dir(root)
-    return sorted(p for p in d.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp") and (p / "state.json").is_file())
+    return sorted(
+        p
+        for p in d.glob("step-*")
+        if p.is_dir() and not p.name.endswith(".tmp") and (p / "state.json").is_file()
+    )
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -62,7 +66,9 @@ def save_training_checkpoint(
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
     save_file(rng, str(tmp / "rng.safetensors"))
-    (tmp / "state.json").write_text(json.dumps({"step": step, "method": method.name, **extra}, indent=2) + "\n")
+    (tmp / "state.json").write_text(
+        json.dumps({"step": step, "method": method.name, **extra}, indent=2) + "\n"
+    )
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in list_checkpoints(root)[:-keep]:

@@ -1,4 +1,5 @@
-"""``flexspec train-drafter``: the typer front of :func:`flexspec.train.pipeline.run` (registered in flexspec/cli.py).
+"""``flexspec train-drafter``: the typer front of :func:`flexspec.train.pipeline.run` (registered in
+flexspec/cli.py).
 
 Options left out keep :class:`TrainConfig`'s defaults — or, on a resumed run folder, its stored values.
 List options take repeated flags or commas: ``--prompts gsm8k_train,self_instruct``.
@@ -19,17 +20,14 @@ def _h(name: str) -> str:
     return _F[name].description or ""
 
 
-def _split(values: list[str] | None) -> list[str] | None:
-    if values is None:
-        return None
-    return [v.strip() for item in values for v in item.split(",") if v.strip()]
-
-
 def train_drafter(
     method: str = typer.Option(..., help=_h("method") + " flexdraft | dflash | dspark | eagle3"),
     output: str = typer.Option(..., help=_h("output")),
     target: str | None = typer.Option(None, help=_h("target") + " [default: smollm2-135m-instruct]"),
-    prompts: list[str] | None = typer.Option(None, help=_h("prompts") + " [default: gsm8k_train,self_instruct]"),
+    prompts: list[str] | None = typer.Option(  # noqa: B008 - typer's declaration style
+        None,
+        help=_h("prompts") + " [default: gsm8k_train,self_instruct]",  # noqa: B008
+    ),
     block_size: int | None = typer.Option(None, help=_h("block_size") + " [default: 16]"),
     num_prompts: int | None = typer.Option(None, help=_h("num_prompts")),
     self_prompts: int | None = typer.Option(None, help=_h("self_prompts")),
@@ -40,7 +38,9 @@ def train_drafter(
     top_k: int | None = typer.Option(None, help=_h("top_k")),
     gen_batch_size: int | None = typer.Option(None, help=_h("gen_batch_size")),
     shard_size: int | None = typer.Option(None, help=_h("shard_size")),
-    cache_features: bool | None = typer.Option(None, "--cache-features/--online-features", help=_h("cache_features")),
+    cache_features: bool | None = typer.Option(
+        None, "--cache-features/--online-features", help=_h("cache_features")
+    ),
     num_draft_layers: int | None = typer.Option(None, help=_h("num_draft_layers")),
     num_target_features: int | None = typer.Option(None, help=_h("num_target_features")),
     mask_token_id: int | None = typer.Option(None, help=_h("mask_token_id")),
@@ -62,11 +62,16 @@ def train_drafter(
     log_every: int | None = typer.Option(None, help=_h("log_every")),
     keep_checkpoints: int | None = typer.Option(None, help=_h("keep_checkpoints")),
     seed: int | None = typer.Option(None, help=_h("seed")),
-    val_datasets: list[str] | None = typer.Option(None, help=_h("val_datasets") + " [default: gsm8k:100,mt_bench:40]"),
+    val_datasets: list[str] | None = typer.Option(  # noqa: B008 - typer's declaration style
+        None,
+        help=_h("val_datasets") + " [default: gsm8k:100,mt_bench:40]",  # noqa: B008
+    ),
     val_max_new_tokens: int | None = typer.Option(None, help=_h("val_max_new_tokens")),
     exact_prompts: int | None = typer.Option(None, help=_h("exact_prompts")),
     val_execution: str | None = typer.Option(None, help=_h("val_execution") + " [default: decoupled]"),
-    stage: str | None = typer.Option(None, help=_h("stage") + " all | generate | extract | train | validate | package"),
+    stage: str | None = typer.Option(
+        None, help=_h("stage") + " all | generate | extract | train | validate | package"
+    ),
     device: str | None = typer.Option(None, help=_h("device")),
     max_minutes: float | None = typer.Option(None, help=_h("max_minutes")),
 ) -> None:
@@ -76,13 +81,12 @@ def train_drafter(
     from flexspec.train.config import TrainInputError
 
     given = {k: v for k, v in locals().items() if k in _F and v is not None}
-    for name in ("prompts", "val_datasets"):
-        if name in given:
-            given[name] = _split(given[name])
     try:
         cfg = TrainConfig(**given)
     except ValidationError as e:
-        parts = [f"--{'.'.join(str(x) for x in err['loc']).replace('_', '-')}: {err['msg']}" for err in e.errors()]
+        parts = [
+            f"--{'.'.join(str(x) for x in err['loc']).replace('_', '-')}: {err['msg']}" for err in e.errors()
+        ]
         typer.secho("error: " + "; ".join(parts), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     from flexspec.train.pipeline import run

@@ -1,10 +1,10 @@
 """``TrainConfig``: every setting of one drafter-training run (one output folder).
 
 The first run writes it to ``DIR/config.json``; later runs on the same folder resume with the stored values.
-Fields in :data:`RUN_CONTROL_FIELDS` may change between runs (how far / how long to go, where to run); so may
-``target`` (with a warning: the same weights sit at different paths on different machines). Any other field
-given with a non-default value that differs from the stored one is an error, because the data or checkpoints in
-the folder were made with the stored value.
+Flags left out on a later run keep the stored values. Fields in :data:`RUN_CONTROL_FIELDS` may be changed
+(how far / how long to go, where to run); so may ``target`` (with a warning: the same weights sit at different
+paths on different machines). Giving any other field a value that differs from the stored one is an error,
+because the data or checkpoints in the folder were made with the stored value.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flexspec.train.progress import log
 
@@ -21,7 +21,9 @@ Method = Literal["flexdraft", "dflash", "dspark", "eagle3"]
 Stage = Literal["all", "generate", "extract", "train", "validate", "package"]
 STAGES: tuple[str, ...] = ("generate", "extract", "train", "validate", "package")
 
-# Fields that may differ from the stored config on a resumed run.
+# Fields that apply to one invocation only (never inherited from the stored config).
+PER_INVOCATION_FIELDS = frozenset({"stage", "max_minutes", "output"})
+# Fields that may be changed explicitly on a resumed run.
 RUN_CONTROL_FIELDS = frozenset(
     {
         "stage", "max_minutes", "device", "steps", "num_prompts", "self_prompts", "save_every", "log_every",
@@ -53,10 +55,12 @@ class TrainConfig(BaseModel):
     # ---- (a) generate --------------------------------------------------------------------------------------
     prompts: list[str] = Field(
         default_factory=lambda: ["gsm8k_train", "self_instruct"],
-        description="Training prompt sources: dataset names (gsm8k_train, self_instruct) or .jsonl/.txt files. "
-        "Test sets (gsm8k, math500, humaneval, mt_bench) are refused.",
+        description="Training prompt sources: dataset names (gsm8k_train, self_instruct) or .jsonl/.txt "
+        "files. Test sets (gsm8k, math500, humaneval, mt_bench) are refused.",
     )
-    num_prompts: int | None = Field(None, gt=0, description="Use at most this many prompts (shuffled); None = all.")
+    num_prompts: int | None = Field(
+        None, gt=0, description="Use at most this many prompts (shuffled); None = all."
+    )
     self_prompts: int = Field(0, ge=0, description="Also ask the target to write this many new prompts.")
     max_new_tokens: int = Field(512, gt=0, description="Response length cap when generating training data.")
     max_prompt_tokens: int = Field(512, gt=0, description="Prompts longer than this (tokens) are skipped.")
@@ -74,11 +78,17 @@ class TrainConfig(BaseModel):
     # ---- drafter shape -------------------------------------------------------------------------------------
     num_draft_layers: int = Field(3, ge=1, description="dflash/dspark: drafter decoder layers.")
     num_target_features: int | None = Field(
-        None, ge=1, description="dflash/dspark: target layers read (default: one per drafter layer, z-lab rule)."
+        None,
+        ge=1,
+        description="dflash/dspark: target layers read (default: one per drafter layer, z-lab rule).",
     )
-    mask_token_id: int | None = Field(None, ge=0, description="dflash/dspark: MASK token id (default: last id).")
+    mask_token_id: int | None = Field(
+        None, ge=0, description="dflash/dspark: MASK token id (default: last id)."
+    )
     split_layer: int | None = Field(
-        None, ge=1, description="flexdraft: first tuned layer (default: L - max(2, L // 6)).",
+        None,
+        ge=1,
+        description="flexdraft: first tuned layer (default: L - max(2, L // 6)).",
     )
     calibration_hidden_size: int = Field(1024, gt=0, description="flexdraft: calibration MLP width.")
     markov_rank: int = Field(256, gt=0, description="dspark: rank of the Markov head.")
@@ -94,7 +104,9 @@ class TrainConfig(BaseModel):
     grad_clip: float = Field(1.0, gt=0.0, description="Gradient-norm clip.")
     num_anchors: int = Field(32, gt=0, description="dflash/dspark/flexdraft: random blocks per sequence.")
     gamma: float | None = Field(
-        None, gt=0.0, description="Position-decay of the CE weight exp(-(k-1)/gamma); default 7 for B>=16, "
+        None,
+        gt=0.0,
+        description="Position-decay of the CE weight exp(-(k-1)/gamma); default 7 for B>=16, "
         "5 for B>=10, else 4 (DFlash).",
     )
     max_seq_len: int = Field(1024, gt=8, description="Training sequences are cut to this many tokens.")
@@ -123,6 +135,15 @@ class TrainConfig(BaseModel):
         None, gt=0.0, description="Stop cleanly (checkpoint, exit code 75) after this many minutes."
     )
 
+    @field_validator("prompts", "val_datasets", mode="before")
+    @classmethod
+    def _split_commas(cls, v: object) -> object:
+        """``["a,b", "c"]`` or ``"a,b"`` -> ``["a", "b", "c"]`` (flags may be repeated or comma-separated)."""
+        items = [v] if isinstance(v, str) else v
+        if isinstance(items, list) and all(isinstance(x, str) for x in items):
+            return [part.strip() for x in items for part in x.split(",") if part.strip()]
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         if self.split_layer is not None and self.method != "flexdraft":
@@ -145,7 +166,11 @@ class TrainConfig(BaseModel):
 
 
 def resolve_config(cfg: TrainConfig) -> TrainConfig:
-    """Merge ``cfg`` with ``DIR/config.json`` when it exists (the stored run wins; see module doc), then store.
+    """Merge ``cfg`` with ``DIR/config.json`` when it exists, then store the result.
+
+    Fields the caller did not set (``cfg.model_fields_set``) keep their stored values, except the
+    per-invocation ``stage`` and ``max_minutes``. Fields set explicitly: run-control fields take the new
+    value, ``target`` too (with a warning), any other must equal the stored value.
 
     Raises:
         ConfigMismatchError: a non-run-control field was set to a value other than the stored one.
@@ -159,22 +184,23 @@ def resolve_config(cfg: TrainConfig) -> TrainConfig:
         stored = TrainConfig(**json.loads(path.read_text()))
     except (ValidationError, json.JSONDecodeError) as e:
         raise ConfigMismatchError(f"{path} is not a valid TrainConfig: {e}") from e
-    defaults = {n: f.get_default(call_default_factory=True) for n, f in TrainConfig.model_fields.items()}
     merged = stored.model_dump()
     for name, value in cfg.model_dump().items():
-        if name == "target" and value != merged[name] and value != defaults[name]:
-            # Paths differ between machines (a .gguf here, a converted folder there): allowed, but said.
-            log.warning("target %r differs from the stored %r: data and checkpoints were made with the stored "
-                        "one; continuing with %r", value, merged[name], value)  # fmt: skip
+        if name in PER_INVOCATION_FIELDS:
             merged[name] = value
-        elif name == "target":
+        elif name not in cfg.model_fields_set or value == merged[name]:
             continue
+        elif name == "target":
+            # Paths differ between machines (a .gguf here, a converted folder there): allowed, but said.
+            log.warning("target %r differs from the stored %r: data and checkpoints were made with the "
+                        "stored one; continuing with %r", value, merged[name], value)  # fmt: skip
+            merged[name] = value
         elif name in RUN_CONTROL_FIELDS:
             merged[name] = value
-        elif value != merged[name] and value != defaults.get(name):
+        else:
             raise ConfigMismatchError(
-                f"--{name.replace('_', '-')} {value!r} contradicts {path} ({merged[name]!r}); use a new --output "
-                "folder, or drop the flag to continue the stored run"
+                f"--{name.replace('_', '-')} {value!r} contradicts {path} ({merged[name]!r}); use a new "
+                "--output folder, or drop the flag to continue the stored run"
             )
     out = TrainConfig(**merged)
     path.write_text(json.dumps(out.model_dump(mode="json"), indent=2) + "\n")

@@ -83,7 +83,7 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-# ---- training samples -------------------------------------------------------------------------------------------
+# ---- training samples --------------------------------------------------------------------------------------
 @dataclass
 class Sample:
     input_ids: list[int]  # prompt + response, cut to max_seq_len

@@ -1,10 +1,10 @@
 """Stage (b): target hidden states for the drafter's input.
 
-Default: *online* — the trainer runs the frozen target on each batch (cheap next to the drafter on small targets,
-and no disk). With ``cache_features``, they are written once to ``DIR/features/shard-NNNNN.safetensors`` (tensor
-``s<i>`` = features of sample i, ``[len_i, n*H]`` in the target's dtype) and read back by the trainer. Shards are
-written whole (temp file + rename), so extraction resumes at the first missing shard.
-"""
+Default: *online* — the trainer runs the frozen target on each batch (cheap next to the drafter on small
+targets, and no disk). With ``cache_features``, they are written once to
+``DIR/features/shard-NNNNN.safetensors`` (tensor ``s<i>`` = features of sample i, ``[len_i, n*H]`` in the
+target's dtype) and read back by the trainer. Shards are written whole (temp file + rename), so extraction
+resumes at the first missing shard."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def run_extract(cfg: TrainConfig, method: TrainMethod, deadline: Deadline) -> bo
         raise TrainInputError(f"no training data in {root / 'data'}: run --stage generate first")
     out = features_dir(root)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"layers": layers, "target": cfg.target, "max_seq_len": cfg.max_seq_len, "num_samples": len(samples),
-            "samples_per_shard": SAMPLES_PER_SHARD, "complete": False}  # fmt: skip
+    meta = {"layers": layers, "target": cfg.target, "max_seq_len": cfg.max_seq_len,
+            "num_samples": len(samples), "samples_per_shard": SAMPLES_PER_SHARD, "complete": False}  # fmt: skip
     old = out / "meta.json"
     if old.is_file() and {k: v for k, v in json.loads(old.read_text()).items() if k != "complete"} != {
         k: v for k, v in meta.items() if k != "complete"
@@ -94,13 +94,20 @@ class FeatureCache:
         self.dir = features_dir(root)
 
     @classmethod
-    def open(cls, root: Path, layers: list[int], samples: list[Sample], cfg: TrainConfig) -> FeatureCache | None:
+    def open(
+        cls, root: Path, layers: list[int], samples: list[Sample], cfg: TrainConfig
+    ) -> FeatureCache | None:
         """The cache if it is complete and matches these samples and layers, else None (features go online)."""
         path = features_dir(root) / "meta.json"
         if not path.is_file():
             return None
         meta = json.loads(path.read_text())
-        want = {"layers": layers, "target": cfg.target, "max_seq_len": cfg.max_seq_len, "num_samples": len(samples)}
+        want = {
+            "layers": layers,
+            "target": cfg.target,
+            "max_seq_len": cfg.max_seq_len,
+            "num_samples": len(samples),
+        }
         if not meta.get("complete") or any(meta.get(k) != v for k, v in want.items()):
             log.warning("train: cached features are incomplete or stale; computing features online")
             return None

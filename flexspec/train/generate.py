@@ -41,7 +41,12 @@ def engine_for(cfg: TrainConfig, max_model_len: int):
 
 
 def sampling_settings(cfg: TrainConfig) -> dict[str, Any]:
-    return {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k, "max_tokens": cfg.max_new_tokens}
+    return {
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": cfg.top_k,
+        "max_tokens": cfg.max_new_tokens,
+    }
 
 
 def prompt_seed(cfg: TrainConfig, prompt_id: str) -> int:
@@ -67,9 +72,7 @@ def run_generate(cfg: TrainConfig, deadline: Deadline) -> bool:
         if not _self_prompts(cfg, engine, plan, self_path, deadline):
             _write_meta(cfg, plan, root, complete=False)
             return False
-    plan = plan + [
-        Prompt(r["id"], r["prompt"]) for r in list(read_jsonl(self_path))[: cfg.self_prompts]
-    ]
+    plan = plan + [Prompt(r["id"], r["prompt"]) for r in list(read_jsonl(self_path))[: cfg.self_prompts]]
     todo = [p for p in plan if p.id not in done]
     if not todo:
         _write_meta(cfg, plan, root, complete=True)
@@ -88,7 +91,11 @@ def run_generate(cfg: TrainConfig, deadline: Deadline) -> bool:
             rows: list[dict[str, Any]] = []
             ids_list, params, kept = [], [], []
             for p in chunk:
-                ids = engine.apply_chat_template([{"role": "user", "content": p.text}]) if p.chat else engine.encode(p.text)
+                ids = (
+                    engine.apply_chat_template([{"role": "user", "content": p.text}])
+                    if p.chat
+                    else engine.encode(p.text)
+                )
                 if len(ids) > cfg.max_prompt_tokens:
                     rows.append({"id": p.id, "prompt": p.text, "chat": p.chat, "skipped": "prompt too long"})
                     continue
@@ -130,10 +137,17 @@ def _self_prompts(cfg: TrainConfig, engine, plan: list[Prompt], path: Path, dead
             if deadline.expired():
                 return False
             n = min(cfg.gen_batch_size, 2 * (cfg.self_prompts - len(rows)))
-            picks = [examples[random.Random(cfg.seed * 7919 + attempt + i).randrange(len(examples))] for i in range(n)]
-            reqs = [engine.apply_chat_template([{"role": "user", "content": self_prompt_request(p.text)}]) for p in picks]
+            picks = [
+                examples[random.Random(cfg.seed * 7919 + attempt + i).randrange(len(examples))]
+                for i in range(n)
+            ]
+            reqs = [
+                engine.apply_chat_template([{"role": "user", "content": self_prompt_request(p.text)}])
+                for p in picks
+            ]
             params = [
-                SamplingParams(**SELF_PROMPT_SAMPLING, seed=prompt_seed(cfg, f"self-request:{attempt + i}")) for i in range(n)
+                SamplingParams(**SELF_PROMPT_SAMPLING, seed=prompt_seed(cfg, f"self-request:{attempt + i}"))
+                for i in range(n)
             ]
             outs = engine.generate(reqs, params)
             new = []
@@ -142,7 +156,14 @@ def _self_prompts(cfg: TrainConfig, engine, plan: list[Prompt], path: Path, dead
                 if text is None or text in seen or len(rows) + len(new) >= cfg.self_prompts:
                     continue
                 seen.add(text)
-                new.append({"id": f"self:{len(rows) + len(new)}", "prompt": text, "example_id": p.id, "attempt": attempt + i})
+                new.append(
+                    {
+                        "id": f"self:{len(rows) + len(new)}",
+                        "prompt": text,
+                        "example_id": p.id,
+                        "attempt": attempt + i,
+                    }
+                )
             attempt += n
             with path.open("a") as f:
                 for r in new:
@@ -150,8 +171,8 @@ def _self_prompts(cfg: TrainConfig, engine, plan: list[Prompt], path: Path, dead
             rows += new
             bar.update(len(new))
     if len(rows) < cfg.self_prompts:
-        log.warning("self-prompts: only %d usable of %d asked (the target's replies were too short or repeated)",
-                    len(rows), cfg.self_prompts)  # fmt: skip
+        log.warning("self-prompts: only %d usable of %d asked (the target's replies were too short or "
+                    "repeated)", len(rows), cfg.self_prompts)  # fmt: skip
     return True
 
 
@@ -174,7 +195,9 @@ def _write_meta(cfg: TrainConfig, plan: list[Prompt], root: Path, complete: bool
             "max_prompt_tokens": cfg.max_prompt_tokens,
             "sources": cfg.prompts,
             "num_prompts": cfg.num_prompts,
-            "self_prompts": {"count": cfg.self_prompts, "sampling": SELF_PROMPT_SAMPLING} if cfg.self_prompts else None,
+            "self_prompts": {"count": cfg.self_prompts, "sampling": SELF_PROMPT_SAMPLING}
+            if cfg.self_prompts
+            else None,
             "num_planned": len(plan),
             "num_done": len(rows),
             "num_skipped": sum(1 for r in rows if r.get("skipped")),

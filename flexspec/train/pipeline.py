@@ -48,7 +48,12 @@ def run(cfg: TrainConfig, argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         log.info("stage %s: start", stage)
         done = STAGE_FNS[stage](cfg, method, deadline)
-        status[stage] = {"complete": done, "seconds": round(time.perf_counter() - t0, 1), "time": round(time.time(), 1)}
+        _release_memory()  # the next stage's engine sizes its KV cache from free device memory
+        status[stage] = {
+            "complete": done,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "time": round(time.time(), 1),
+        }
         write_json(status_path, status)
         if not done:
             log.info("stage %s: stopped at the time limit; run the same command again to continue", stage)
@@ -56,3 +61,12 @@ def run(cfg: TrainConfig, argv: list[str] | None = None) -> int:
         log.info("stage %s: done in %.1f s", stage, time.perf_counter() - t0)
     return 0
 
+
+def _release_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -6,7 +6,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 log = logging.getLogger("flexspec.train")
 
@@ -35,7 +35,9 @@ class Progress:
     """``with Progress(total, desc) as bar: bar.update(n, **postfix)``: tqdm if importable, else a log line
     every ``every_s`` seconds (so device logs stay short)."""
 
-    def __init__(self, total: int | None, desc: str, initial: int = 0, unit: str = "it", every_s: float = 30.0):
+    def __init__(
+        self, total: int | None, desc: str, initial: int = 0, unit: str = "it", every_s: float = 30.0
+    ):
         self.total, self.desc, self.n, self.unit, self.every_s = total, desc, initial, unit, every_s
         self._t0 = self._last = time.monotonic()
         self._start_n = initial
@@ -61,13 +63,15 @@ class Progress:
             rate = (self.n - self._start_n) / max(now - self._t0, 1e-9)
             extra = " ".join(f"{k}={v}" for k, v in postfix.items())
             total = f"/{self.total}" if self.total is not None else ""
-            log.info("%s: %d%s %s (%.2f %s/s) %s", self.desc, self.n, total, self.unit, rate, self.unit, extra)
+            log.info(
+                "%s: %d%s %s (%.2f %s/s) %s", self.desc, self.n, total, self.unit, rate, self.unit, extra
+            )
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -78,7 +82,9 @@ def setup_logging(folder: Path | None = None, level: int = logging.INFO) -> None
     """Log ``flexspec.train`` to stderr and, when given, to ``folder/pipeline.log`` (appended)."""
     log.setLevel(level)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
-    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in log.handlers):
+    if not any(
+        isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in log.handlers
+    ):
         h = logging.StreamHandler(sys.stderr)
         h.setFormatter(fmt)
         log.addHandler(h)

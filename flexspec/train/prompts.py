@@ -1,9 +1,9 @@
 """Training prompt sources, and the guard that keeps test sets out of training (DESIGN.md section 6).
 
 A source is a shipped dataset name (``gsm8k_train``, ``self_instruct``) or a file: ``.jsonl`` rows with one of
-``prompt`` / ``question`` / ``instruction`` (+ optional ``input``) / ``turns`` (first turn), or ``.txt`` with one
-prompt per line. Every prompt gets a stable id ``<source>:<row>`` so generation can skip the ones already done.
-"""
+``prompt`` / ``question`` / ``instruction`` (+ optional ``input``) / ``turns`` (first turn), or ``.txt`` with
+one prompt per line. Every prompt gets a stable id ``<source>:<row>`` so generation can skip the ones already
+done."""
 
 from __future__ import annotations
 
@@ -46,7 +46,9 @@ def load_source(source: str) -> list[Prompt]:
         return [Prompt(f"{source}:{i}", p["prompt"], p["chat"]) for i, p in enumerate(load_prompts(source))]  # type: ignore[arg-type]
     path = Path(source)
     if not path.is_file():
-        raise TrainInputError(f"prompt source {source!r} is neither a training dataset ({', '.join(TRAIN_DATASETS)}) nor a file")
+        raise TrainInputError(
+            f"prompt source {source!r} is neither a training dataset ({', '.join(TRAIN_DATASETS)}) nor a file"
+        )
     rows: list[Prompt] = []
     if path.suffix == ".txt":
         for i, line in enumerate(path.read_text().splitlines()):
@@ -70,7 +72,9 @@ def _row_text(r: dict) -> str | None:
     if isinstance(r.get("question"), str):
         return r["question"]
     if isinstance(r.get("instruction"), str):
-        inp = r.get("input") or ((r.get("instances") or [{}])[0].get("input", "") if r.get("instances") else "")
+        inp = r.get("input") or (
+            (r.get("instances") or [{}])[0].get("input", "") if r.get("instances") else ""
+        )
         return f"{r['instruction']}\n\n{inp}".strip()
     if isinstance(r.get("turns"), list) and r["turns"]:
         return str(r["turns"][0])
@@ -84,7 +88,7 @@ def plan_prompts(sources: list[str], num_prompts: int | None, seed: int) -> list
     return rows[:num_prompts] if num_prompts is not None else rows
 
 
-# ---- prompts written by the target itself ---------------------------------------------------------------------
+# ---- prompts written by the target itself ------------------------------------------------------------------
 SELF_PROMPT_INSTRUCTION = (
     "Here is an example of a task a user might ask an AI assistant:\n\n{example}\n\n"
     "Write one new, different task of a similar kind. Reply with the task only."

@@ -1,5 +1,5 @@
-"""The frozen target for training: our own model implementation (the exact weights and math the engine serves),
-run as a dense causal forward over packed sequences, with no KV cache.
+"""The frozen target for training: our own model implementation (the exact weights and math the engine
+serves), run as a dense causal forward over packed sequences, with no KV cache.
 
 ``hidden_states`` returns the residual stream after chosen layers — the same tensors the engine's
 ``capture_layers`` hands to drafters at inference — padded to ``[B, T, H]``.
@@ -49,8 +49,8 @@ class FrozenTarget:
 
     @torch.no_grad()
     def hidden_states(self, batch: Batch, layers: list[int]) -> torch.Tensor:
-        """Target features ``[B, T, len(layers) * H]`` (layer outputs concatenated in ``layers`` order; zero rows
-        on padding), in the target's dtype."""
+        """Target features ``[B, T, len(layers) * H]`` (layer outputs concatenated in ``layers`` order; zero
+        rows on padding), in the target's dtype."""
         lengths = batch.lengths.tolist()
         B, T = batch.input_ids.shape
         dev = self.device

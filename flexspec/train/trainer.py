@@ -1,12 +1,11 @@
 """Stage (c): train the drafter.
 
-AdamW (betas 0.9/0.95) over the method's trainable parameters (fp32 master weights), linear warm-up then cosine
-decay to ``min_lr_ratio * lr``, bf16 autocast on GPU (fp32 on CPU), gradient-norm clipping. Everything random in
-a step (batch, anchors) is a function of ``(seed, step)``, so a run resumed from a checkpoint takes exactly the
-steps an uninterrupted run would. Every ``log_every`` steps a row goes to ``DIR/train_log.jsonl`` (loss, lr,
-grad norm, per-position accuracy, acceptance-length estimates, throughput); ``DIR/loss_curve.png`` is redrawn
-at every checkpoint.
-"""
+AdamW (betas 0.9/0.95) over the method's trainable parameters (fp32 master weights), linear warm-up then
+cosine decay to ``min_lr_ratio * lr``, bf16 autocast on GPU (fp32 on CPU), gradient-norm clipping. Everything
+random in a step (batch, anchors) is a function of ``(seed, step)``, so a run resumed from a checkpoint takes
+exactly the steps an uninterrupted run would. Every ``log_every`` steps a row goes to ``DIR/train_log.jsonl``
+(loss, lr, grad norm, per-position accuracy, acceptance-length estimates, throughput); ``DIR/loss_curve.png``
+is redrawn at every checkpoint."""
 
 from __future__ import annotations
 
@@ -135,7 +134,9 @@ def run_train(cfg: TrainConfig, method: TrainMethod, deadline: Deadline) -> bool
                 _save(cfg, method, model, opt, step, last_loss)
     if step < cfg.steps:
         _save(cfg, method, model, opt, step, last_loss)
-        log.info("train: time limit at step %d of %d (checkpoint written; run again to continue)", step, cfg.steps)
+        log.info(
+            "train: time limit at step %d of %d (checkpoint written; run again to continue)", step, cfg.steps
+        )
         return False
     return True
 
@@ -156,7 +157,13 @@ def _log_row(means: dict[str, Any], step: int, lr: float, tokens: int, seconds: 
 
 def _save(cfg: TrainConfig, method: TrainMethod, model, opt, step: int, loss: float) -> Path:
     path = save_training_checkpoint(
-        cfg.dir, method, model, opt, step, {"lr": lr_at(cfg, max(step - 1, 0)), "loss": loss}, cfg.keep_checkpoints
+        cfg.dir,
+        method,
+        model,
+        opt,
+        step,
+        {"lr": lr_at(cfg, max(step - 1, 0)), "loss": loss},
+        cfg.keep_checkpoints,
     )
     plot_loss_curve(cfg.dir)
     return path

@@ -1,19 +1,19 @@
-"""Move a run folder through size-capped transfers (the H200 device returns at most 8 files of 16 MiB, 64 MiB in
-all, from ``$OUT``; files are carried back in at most 64 MiB).
+"""Move a run folder through size-capped transfers (the H200 device returns at most 8 files of 16 MiB, 64 MiB
+in all, from ``$OUT``; files are carried back in at most 64 MiB).
 
-``export`` writes to a flat folder: ``summary.json`` (status, validation, last log rows, what the bundle holds),
-``train_log.jsonl``, ``loss_curve.png`` and ``bundle.tar.gz.part-NN``: ``final/`` (the packaged drafter), run
-metadata, ``data/`` (target responses) and the latest checkpoint. When that exceeds the budget, the bundle gives
-up, in order: the optimizer moments (resume restarts them), fp32 checkpoint weights (bf16 copies kept), the
-checkpoint, the data; ``summary.json`` says what was given up. ``import`` restores a bundle into an empty run
-folder (``cat parts | tar -xz`` does the same).
-"""
+``export`` writes to a flat folder: ``summary.json`` (status, validation, last log rows, what the bundle
+holds), ``train_log.jsonl``, ``loss_curve.png`` and ``bundle.tar.gz.part-NN``: ``final/`` (the packaged
+drafter), run metadata, ``data/`` (target responses) and the latest checkpoint. When that exceeds the budget,
+the bundle gives up, in order: the optimizer moments (resume restarts them), fp32 checkpoint weights (bf16
+copies kept), the checkpoint, the data; ``summary.json`` says what was given up. ``import`` restores a bundle
+into an empty run folder (``cat parts | tar -xz`` does the same)."""
 
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -35,7 +35,9 @@ def _bf16_member(root: Path, path: Path) -> tuple[str, bytes | Path]:
     import torch
     from safetensors.torch import load_file, save
 
-    tensors = {n: t.to(torch.bfloat16) if t.is_floating_point() else t for n, t in load_file(str(path)).items()}
+    tensors = {
+        n: t.to(torch.bfloat16) if t.is_floating_point() else t for n, t in load_file(str(path)).items()
+    }
     return str(path.relative_to(root)), save(tensors)
 
 
@@ -54,7 +56,10 @@ Members = list[tuple[str, "bytes | Path"]]  # (name in the tar, file or content)
 
 def _bundle_levels(root: Path) -> list[tuple[str, Callable[[], Members]]]:
     """(what was given up, members) from the full bundle down to the bare minimum (members built lazily)."""
-    meta = [root / n for n in ("config.json", "commands.jsonl", "status.json", "validation.json", "train_log.jsonl")]
+    meta = [
+        root / n
+        for n in ("config.json", "commands.jsonl", "status.json", "validation.json", "train_log.jsonl")
+    ]
     base = [_member(root, p) for p in _files([root / "final", *meta])]
     data = [_member(root, p) for p in _files([root / "data"])]
     ckpt = latest_checkpoint(root)
@@ -95,7 +100,9 @@ def _tar_gz(members: list[tuple[str, bytes | Path]]) -> bytes:
 def export(root: Path, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     small = [root / n for n in SMALL_FILES if (root / n).is_file()]
-    budget = min(TOTAL_BYTES - sum(p.stat().st_size for p in small) - 2**20, (MAX_FILES - 1 - len(small)) * PART_BYTES)
+    budget = min(
+        TOTAL_BYTES - sum(p.stat().st_size for p in small) - 2**20, (MAX_FILES - 1 - len(small)) * PART_BYTES
+    )
     blob, dropped, members = b"", "", []
     for dropped, make in _bundle_levels(root):
         members = make()
@@ -111,21 +118,31 @@ def export(root: Path, out: Path) -> dict:
         (out / f"bundle.tar.gz.part-{i:02d}").write_bytes(part)
     for p in small:
         (out / p.name).write_bytes(p.read_bytes())
-    log_rows = (root / "train_log.jsonl").read_text().splitlines()[-5:] if (root / "train_log.jsonl").is_file() else []
+    log_rows = (
+        (root / "train_log.jsonl").read_text().splitlines()[-5:]
+        if (root / "train_log.jsonl").is_file()
+        else []
+    )
     summary = {
         "run": str(root),
         "status": _read_json(root / "status.json"),
         "validation": _read_json(root / "validation.json"),
         "last_log_rows": [json.loads(r) for r in log_rows if r.strip()],
-        "bundle": {"parts": len(parts), "bytes": len(blob), "files": len(members), "dropped": dropped or None},
-        "restore": "python -m flexspec.train.run_device import --from <dir with the parts> --output <run dir>",
+        "bundle": {
+            "parts": len(parts),
+            "bytes": len(blob),
+            "files": len(members),
+            "dropped": dropped or None,
+        },
+        "restore": "python -m flexspec.train.run_device import --from <parts dir> --output <run dir>",
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 def import_bundle(src: Path, root: Path) -> bool:
-    """Unpack ``src/bundle.tar.gz.part-*`` into ``root`` unless it already holds a run. Returns True if unpacked."""
+    """Unpack ``src/bundle.tar.gz.part-*`` into ``root`` unless it already holds a run. Returns True if
+    unpacked."""
     parts = sorted(src.glob("bundle.tar.gz.part-*"))
     if not parts:
         raise FileNotFoundError(f"no bundle.tar.gz.part-* in {src}")
@@ -157,6 +174,9 @@ def main(argv: list[str]) -> int:
     if args.command == "export":
         if not args.to:
             parser.error("export needs --to")
+        if not (root / "config.json").is_file():
+            print(f"{root} holds no run; nothing to export", file=sys.stderr)
+            return 1
         s = export(root, Path(args.to))
         print(json.dumps({"bundle": s["bundle"], "status": s["status"]}))
         return 0

@@ -1,7 +1,7 @@
 """Stage (d): acceptance of the trained drafter with the REAL speculative decoder (LLMEngine, T=0).
 
-For each held-out set (``val_datasets``: NAME[:N], the first N prompts; test sets are fine here, they are never
-trained on) the engine decodes with ``speculative_config = {"method", "model": DIR/final, ...}`` and its
+For each held-out set (``val_datasets``: NAME[:N], the first N prompts; test sets are fine here, they are
+never trained on) the engine decodes with ``speculative_config = {"method", "model": DIR/final, ...}`` and its
 counters give MAL and per-position acceptance (DESIGN.md section 4 definitions). The first ``exact_prompts``
 prompts are also decoded without speculation: outputs must be identical token for token. Results go to
 ``DIR/validation.json``, one dataset at a time (a resumed run skips finished datasets of the same checkpoint).
@@ -29,7 +29,9 @@ def parse_val_sets(specs: list[str]) -> list[tuple[str, str, int | None]]:
     for s in specs:
         name, _, n = s.partition(":")
         if name not in TEST_DATASETS or (n and not n.isdigit()):
-            raise TrainInputError(f"--val-datasets entry {s!r}: expected NAME[:N] with NAME in {', '.join(TEST_DATASETS)}")
+            raise TrainInputError(
+                f"--val-datasets entry {s!r}: expected NAME[:N] with NAME in {', '.join(TEST_DATASETS)}"
+            )
         out.append((s, name, int(n) if n else None))
     return out
 
@@ -101,8 +103,14 @@ def run_validate(cfg: TrainConfig, method: TrainMethod, deadline: Deadline) -> b
     if exact_outputs:
         plain = _engine(cfg, None, max_model_len)
         ref = plain.generate([p for p, _ in exact_outputs], params)
-        mismatches = [i for i, ((_, got), r) in enumerate(zip(exact_outputs, ref)) if got != list(r.token_ids)]
-        results["exact"] = {"num_prompts": len(exact_outputs), "all_equal": not mismatches, "mismatches": mismatches}
+        mismatches = [
+            i for i, ((_, got), r) in enumerate(zip(exact_outputs, ref)) if got != list(r.token_ids)
+        ]
+        results["exact"] = {
+            "num_prompts": len(exact_outputs),
+            "all_equal": not mismatches,
+            "mismatches": mismatches,
+        }
         if mismatches:
             log.error("validate: speculative output differs from plain decoding on prompts %s", mismatches)
         write_json(path, results)
@@ -112,7 +120,11 @@ def run_validate(cfg: TrainConfig, method: TrainMethod, deadline: Deadline) -> b
 def _prompt_ids(engine, name: str, limit: int | None, max_len: int) -> list[list[int]]:
     out = []
     for p in load_prompts(name, limit):  # type: ignore[arg-type]
-        ids = engine.apply_chat_template([{"role": "user", "content": p["prompt"]}]) if p["chat"] else engine.encode(p["prompt"])
+        ids = (
+            engine.apply_chat_template([{"role": "user", "content": p["prompt"]}])
+            if p["chat"]
+            else engine.encode(p["prompt"])
+        )
         if len(ids) < max_len:
             out.append(ids)
     return out

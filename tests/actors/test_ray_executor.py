@@ -96,3 +96,11 @@ def test_dead_rank_raises_instead_of_hanging(tp2_engine, ray_session):
     with pytest.raises(WorkerGroupError):
         tp2_engine.step()
     assert time.perf_counter() - t0 < 30
+
+
+def test_too_many_ranks_fail_fast(ray_session):
+    """TP=4 on a 2-CPU cluster: a clear error at once, not a placement group that never schedules."""
+    from actors import RayExecutor, WorkerGroupError
+
+    with pytest.raises(WorkerGroupError, match="needs 4 CPU"):
+        RayExecutor(_config(4))

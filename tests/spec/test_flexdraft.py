@@ -72,7 +72,7 @@ def test_group_attention_over_paged_cache_matches_dense_reference(engine, flexdr
     runner.forward(ModelInput(ids, list(range(T)), [table[i // bs] * bs + i % bs for i in range(T)], [table],
                               [0], [T], [T - 1]))  # prefill: writes the target's K/V for all tuned layers
     anchors = [5, 17, 30, T - 1]
-    side = drafter._side_stream([(table, a + 1) for a in anchors])
+    side = drafter._side_stream([table] * len(anchors), anchors, [1] * len(anchors))
     paged = runner.model.forward_side_only(side)  # [len(anchors) * B, H]
     dense = drafter.model.dense_side_hidden(runner.model, torch.tensor([ids]), torch.tensor([anchors]))[0]
     torch.testing.assert_close(paged, dense, rtol=1e-4, atol=1e-4)

@@ -1,5 +1,6 @@
-"""Fixtures for the drafter-training tests: a tiny random Llama target (SmolLM2's tokenizer and chat template, 4
-layers of width 64) so that the whole pipeline runs on 2 CPU cores in seconds, and one generated data set."""
+"""Fixtures for the drafter-training tests: a tiny random Llama target (SmolLM2's tokenizer and chat template,
+4 layers of width 64) so that the whole pipeline runs on 2 CPU cores in seconds, and one generated data set.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ TINY_ARGS = [
 
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """HF folder of a random 4-layer Llama with the default model's tokenizer. Large init (0.5) makes its greedy
-    choices far from ties, so plain and speculative decoding agree despite different kernel shapes."""
+    """HF folder of a random 4-layer Llama with the default model's tokenizer. Large init (0.5) makes its
+    greedy choices far from ties, so plain and speculative decoding agree despite different kernel shapes."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from flexspec.models.loader import resolve_model_dir
@@ -50,7 +51,17 @@ def generated(tiny_target: str, tmp_path_factory: pytest.TempPathFactory) -> Pat
     from flexspec.train.run_device import main
 
     root = tmp_path_factory.mktemp("generated") / "run"
-    base = ["--method", "dflash", "--target", tiny_target, "--output", str(root), *TINY_ARGS, "--stage", "generate"]
+    base = [
+        "--method",
+        "dflash",
+        "--target",
+        tiny_target,
+        "--output",
+        str(root),
+        *TINY_ARGS,
+        "--stage",
+        "generate",
+    ]
     assert main([*base, "--num-prompts", "2"]) == 0
     assert main(base) == 0
     return root

@@ -1,5 +1,6 @@
-"""The training forward sees what the drafter sees at inference: for a fresh (random) drafter, the argmax of the
-training path's logits for the block after a prompt equals the drafts the real engine proposes after prefill."""
+"""The training forward sees what the drafter sees at inference: for a fresh (random) drafter, the argmax of
+the training path's logits for the block after a prompt equals the drafts the real engine proposes after
+prefill."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 from flexspec.train.config import TrainConfig
 
 
-def _engine_drafts(target: str, method: str, folder: Path, prompt: list[int], k: int) -> tuple[int, list[int]]:
+def _engine_drafts(
+    target: str, method: str, folder: Path, prompt: list[int], k: int
+) -> tuple[int, list[int]]:
     """(bonus, drafts) after the prefill step of ``prompt`` in the real engine."""
     from configs import EngineConfig, SamplingParams
     from flexspec.engine.llm_engine import LLMEngine
@@ -56,7 +59,29 @@ def test_training_path_predicts_the_engine_drafts(method: str, tiny_target: str,
                 w.normal_(0.0, 0.3)
     m.save(fresh, folder, torch.bfloat16)
     model = m.load(folder, target).eval()  # the same bf16-rounded weights the engine loads
-    prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2, 198, 1, 4093, 198, 1780, 314, 216, 34, 30, 2, 198]
+    prompt = [
+        1,
+        9690,
+        198,
+        2683,
+        359,
+        253,
+        5356,
+        5646,
+        11173,
+        2,
+        198,
+        1,
+        4093,
+        198,
+        1780,
+        314,
+        216,
+        34,
+        30,
+        2,
+        198,
+    ]
     K = cfg.block_size - 1
     bonus, drafts = _engine_drafts(tiny_target, method, folder, prompt, K)
     assert len(drafts) == K
@@ -76,7 +101,9 @@ def test_training_path_predicts_the_engine_drafts(method: str, tiny_target: str,
                     int(model.compute_logits(h[int(v[0, :p].sum())][None], target.lm_head).argmax())
                     for h, v in zip(hiddens, valids)
                 ]
-            out = block_forward(model, batch, target, feats, 1, torch.Generator(), anchors=torch.tensor([[anchor]]))
+            out = block_forward(
+                model, batch, target, feats, 1, torch.Generator(), anchors=torch.tensor([[anchor]])
+            )
             logits = model.compute_logits(out.hidden, target.lm_head)  # [K, V]
             if method == "dspark":
                 logits = logits + model.markov_logits(out.prev)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,13 +34,20 @@ def test_a_copied_test_file_is_refused_too(tmp_path: Path) -> None:
 def test_run_device_exits_2_on_a_test_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from flexspec.train.run_device import main
 
-    assert main(["--method", "dflash", "--output", str(tmp_path / "r"), "--prompts", "math500", "--device", "cpu"]) == 2
+    assert (
+        main(
+            ["--method", "dflash", "--output", str(tmp_path / "r"), "--prompts", "math500", "--device", "cpu"]
+        )
+        == 2
+    )
     assert "test set" in capsys.readouterr().err
 
 
 def test_prompt_files_and_stable_plan(tmp_path: Path) -> None:
     f = tmp_path / "mine.jsonl"
-    f.write_text('{"question": "What is 2+2?"}\n{"instruction": "Sort", "input": "3 1 2"}\n{"turns": ["Hi", "x"]}\n')
+    f.write_text(
+        '{"question": "What is 2+2?"}\n{"instruction": "Sort", "input": "3 1 2"}\n{"turns": ["Hi", "x"]}\n'
+    )
     t = tmp_path / "lines.txt"
     t.write_text("first prompt\n\nsecond prompt\n")
     rows = load_source(str(f)) + load_source(str(t))
@@ -68,8 +78,14 @@ def test_batches_are_a_function_of_seed_and_step() -> None:
 def test_resumed_run_keeps_stored_settings(tmp_path: Path) -> None:
     root = str(tmp_path / "r")
     resolve_config(TrainConfig(method="dflash", output=root, block_size=8, steps=10))
-    again = resolve_config(TrainConfig(method="dflash", output=root, steps=20))  # default block size: stored wins
+    again = resolve_config(TrainConfig(method="dflash", output=root, steps=20))  # block size left out: stored
     assert again.block_size == 8 and again.steps == 20
+    assert (
+        resolve_config(TrainConfig(method="dflash", output=root)).steps == 20
+    )  # omitted: stored, not default
+    assert (
+        resolve_config(TrainConfig(method="dflash", output=root, block_size=8)).block_size == 8
+    )  # same: fine
     with pytest.raises(ConfigMismatchError, match="block-size"):
         resolve_config(TrainConfig(method="dflash", output=root, block_size=4))
 
@@ -82,8 +98,9 @@ def test_typer_and_argparse_fronts_cover_every_field() -> None:
 
     fields = set(TrainConfig.model_fields)
     assert set(inspect.signature(train_drafter).parameters) == fields
-    args = vars(build_parser().parse_args(["--method", "eagle3", "--output", "o", "--prompts", "a", "b",
-                                           "--no-cache-features", "--num-prompts", "none", "--lr", "1e-4"]))  # fmt: skip
+    argv = ["--method", "eagle3", "--output", "o", "--prompts", "a", "b", "--no-cache-features",
+            "--num-prompts", "none", "--lr", "1e-4"]  # fmt: skip
+    args = vars(build_parser().parse_args(argv))
     cfg = TrainConfig(**args)
     assert (cfg.prompts, cfg.cache_features, cfg.num_prompts, cfg.lr) == (["a", "b"], False, None, 1e-4)
 
@@ -95,3 +112,56 @@ def test_generate_resumed_from_2_to_4_prompts(generated: Path) -> None:
     assert all(len(r["response_ids"]) == 16 and r["prompt_ids"] for r in rows)
     meta = json.loads((generated / "data" / "meta.json").read_text())
     assert meta["complete"] and meta["num_done"] == 4 and meta["sampling"]["temperature"] == 0.0
+
+
+def test_device_entry_point_imports_without_typer_rich_or_gguf(tmp_path: Path) -> None:
+    """The H200 has no typer / rich / gguf: the run_device path must not import them."""
+    for name in ("typer", "rich", "gguf"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked')")
+    repo = Path(__file__).resolve().parents[2]
+    code = (
+        "import flexspec.train.run_device as r, flexspec.train.pipeline, flexspec.train.transfer\n"
+        "from flexspec.train.config import TrainConfig\n"
+        "from flexspec.train.methods import get_method\n"
+        "for m in ('flexdraft', 'dflash', 'dspark', 'eagle3'):\n"
+        "    get_method(TrainConfig(method=m, output='x'))\n"
+        "r.build_parser()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=repo, timeout=120)
+
+
+def test_typer_command_reports_user_errors(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from flexspec.cli import app
+
+    run = CliRunner().invoke
+    r = run(
+        app, ["train-drafter", "--method", "dflash", "--output", str(tmp_path / "a"), "--prompts", "math500"]
+    )
+    assert r.exit_code == 2 and "test set" in r.output
+    r = run(app, ["train-drafter", "--method", "medusa", "--output", str(tmp_path / "b")])
+    assert r.exit_code == 2 and "--method" in r.output
+
+
+def test_self_generated_prompts_join_the_plan(
+    tiny_target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flexspec.train import generate
+    from flexspec.train.data import read_jsonl
+    from flexspec.train.run_device import main
+
+    monkeypatch.setitem(generate.SELF_PROMPT_SAMPLING, "max_tokens", 8)  # the tiny target's replies are noise
+
+    root = tmp_path / "run"
+    args = ["--method", "dflash", "--target", tiny_target, "--output", str(root), "--num-prompts", "1",
+            "--self-prompts", "2", "--max-new-tokens", "4", "--max-prompt-tokens", "400", "--device", "cpu",
+            "--stage", "generate"]  # fmt: skip
+    assert main(args) == 0
+    selfp = list(read_jsonl(root / "data" / "self_prompts.jsonl"))
+    assert [r["id"] for r in selfp] == ["self:0", "self:1"] and all(r["prompt"] for r in selfp)
+    ids = {r["id"] for r in read_rows(root)}
+    assert {"self:0", "self:1"} <= ids and len(ids) == 3
+    assert json.loads((root / "data" / "meta.json").read_text())["num_samples_by_source"]["self"] == 2

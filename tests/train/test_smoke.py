@@ -1,5 +1,5 @@
-"""CPU smoke path of the drafter pipeline (issue 5): generate -> train a few steps -> package -> load the packaged
-checkpoint in the real engine -> speculative decoding identical to plain decoding."""
+"""CPU smoke path of the drafter pipeline (issue 5): generate -> train a few steps -> package -> load the
+packaged checkpoint in the real engine -> speculative decoding identical to plain decoding."""
 
 from __future__ import annotations
 
@@ -37,9 +37,11 @@ def test_pipeline_end_to_end(method: str, tiny_target: str, generated: Path, tmp
 
     # final/ = what the server loads: config.json + bf16 model.safetensors (+ recipe, README).
     final = root / "final"
-    assert {"config.json", "model.safetensors", "recipe.json", "README.md"} <= {p.name for p in final.iterdir()}
+    assert {"config.json", "model.safetensors", "recipe.json", "README.md"} <= {
+        p.name for p in final.iterdir()
+    }
     with safe_open(str(final / "model.safetensors"), "pt") as f:
-        assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.bfloat16"}
+        assert {str(f.get_tensor(k).dtype) for k in f.keys()}  # noqa: SIM118 - safe_open is not a dict == {"torch.bfloat16"}
     recipe = json.loads((final / "recipe.json").read_text())
     assert recipe["step"] == 3 and recipe["data"]["sampling"]["temperature"] == 0.0 and recipe["commands"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -26,16 +27,18 @@ class StopAfter:
 
 
 def _cfg(method: str, target: str, root: Path, **kw) -> TrainConfig:
-    base = dict(
-        method=method, target=target, output=str(root), block_size=4, num_draft_layers=1, batch_size=2,
-        num_anchors=4, max_seq_len=256, calibration_hidden_size=32, markov_rank=8, ttt_steps=3, device="cpu",
-        steps=4, save_every=100, log_every=1,
-    )  # fmt: skip
+    base = {
+        "method": method, "target": target, "output": str(root), "block_size": 4, "num_draft_layers": 1,
+        "batch_size": 2, "num_anchors": 4, "max_seq_len": 256, "calibration_hidden_size": 32,
+        "markov_rank": 8, "ttt_steps": 3, "device": "cpu", "steps": 4, "save_every": 100, "log_every": 1,
+    }  # fmt: skip
     base.update(kw)
     return TrainConfig(**base)
 
 
-def test_resume_after_time_limit_matches_uninterrupted_run(tiny_target: str, generated: Path, tmp_path: Path) -> None:
+def test_resume_after_time_limit_matches_uninterrupted_run(
+    tiny_target: str, generated: Path, tmp_path: Path
+) -> None:
     from flexspec.train.checkpoint import latest_checkpoint
     from flexspec.train.methods import get_method
     from flexspec.train.trainer import run_train
@@ -65,10 +68,12 @@ def test_resume_after_time_limit_matches_uninterrupted_run(tiny_target: str, gen
 def test_lr_schedule_warms_up_then_decays_to_floor() -> None:
     from flexspec.train.trainer import lr_at
 
-    cfg = TrainConfig(method="dflash", output="/nonexistent", steps=100, lr=1e-3, warmup_ratio=0.1, min_lr_ratio=0.1)
+    cfg = TrainConfig(
+        method="dflash", output="/nonexistent", steps=100, lr=1e-3, warmup_ratio=0.1, min_lr_ratio=0.1
+    )
     lrs = [lr_at(cfg, s) for s in range(100)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
-    assert all(x >= y for x, y in zip(lrs[10:], lrs[11:]))
+    assert all(x >= y for x, y in itertools.pairwise(lrs[10:]))
     assert lrs[-1] == pytest.approx(1e-4, rel=0.01)
 
 
@@ -98,3 +103,32 @@ def test_other_methods_train_package_and_decode_exactly(
     outs = engine.generate([r["prompt_ids"] for r in data], SamplingParams(max_tokens=16, temperature=0))
     assert [list(o.token_ids) for o in outs] == [r["response_ids"] for r in data]
     assert engine.spec_metrics.num_drafts > 0
+
+
+def test_cached_features_train_like_online_features(
+    tiny_target: str, generated: Path, tmp_path: Path
+) -> None:
+    from flexspec.train.features import run_extract
+    from flexspec.train.methods import get_method
+    from flexspec.train.trainer import run_train
+
+    losses = {}
+    for cache in (False, True):
+        root = tmp_path / f"cache-{cache}"
+        copy_data(generated, root)
+        cfg = _cfg("dflash", tiny_target, root, steps=2, cache_features=cache)
+        assert run_extract(cfg, get_method(cfg), Deadline(None))
+        assert (root / "features" / "shard-00000.safetensors").is_file() == cache
+        assert run_train(cfg, get_method(cfg), Deadline(None))
+        losses[cache] = [json.loads(r)["loss"] for r in (root / "train_log.jsonl").read_text().splitlines()]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+
+
+def test_position_metrics_count_leading_correct_drafts() -> None:
+    from flexspec.train.methods.base import position_metrics
+
+    correct = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 1, 1]], dtype=torch.bool)
+    valid = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    m = position_metrics(correct, valid)
+    torch.testing.assert_close(m["acc_per_pos"], torch.tensor([2 / 3, 2 / 3, 1 / 2]))
+    assert float(m["est_mal"]) == pytest.approx(1 + (2 + 1) / 2)  # complete blocks only: rows 0 and 1

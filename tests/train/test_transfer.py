@@ -39,7 +39,9 @@ def test_export_import_round_trip(tmp_path: Path) -> None:
     assert not import_bundle(out, back)  # never overwrites a run
 
 
-def test_export_drops_optimizer_first_when_over_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_export_drops_optimizer_first_when_over_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from flexspec.train import transfer
 
     monkeypatch.setattr(transfer, "PART_BYTES", 60_000)
@@ -52,7 +54,9 @@ def test_export_drops_optimizer_first_when_over_budget(tmp_path: Path, monkeypat
     assert len(files) <= transfer.MAX_FILES and all(f.stat().st_size <= 60_000 for f in files)
 
 
-def test_export_keeps_bf16_checkpoint_weights_when_fp32_do_not_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_export_keeps_bf16_checkpoint_weights_when_fp32_do_not_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from flexspec.train import transfer
 
     monkeypatch.setattr(transfer, "PART_BYTES", 30_000)

@@ -24,7 +24,8 @@ from torch import nn
 from flexspec.errors import ModelLoadError
 from flexspec.models.spec import ModelSpec
 from flexspec.spec.models.checkpoint import config_field
-from flexspec.spec.models.dflash_model import DFlashDraftConfig, DFlashDraftModel
+from flexspec.spec.models.dflash_config import DFlashDraftConfig
+from flexspec.spec.models.dflash_model import DFlashDraftModel
 
 
 @dataclass

@@ -40,7 +40,8 @@ from flexspec.spec.models.checkpoint import (
     read_tensors,
     save_checkpoint,
 )
-from flexspec.spec.models.dflash_model import DFlashMLP, rope_from_hf
+from flexspec.spec.models.dflash_config import rope_from_hf
+from flexspec.spec.models.dflash_model import DFlashMLP
 
 
 def default_eagle3_layer_ids(num_target_layers: int) -> list[int]:

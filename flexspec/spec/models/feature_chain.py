@@ -92,7 +92,13 @@ class FeatureChainDrafter(Drafter):
     def _wanted(self, b: SeqDraftInput) -> int:
         return min(b.num_drafts, self.num_speculative_tokens) if b.emitted else 0
 
-    def _context_step(self, batch, captured, drafts, feedback) -> None:  # noqa: ANN001
+    def _context_step(
+        self,
+        batch: list[SeqDraftInput],
+        captured: list[torch.Tensor],
+        drafts: dict[int, list[int]],
+        feedback: dict[int, torch.Tensor],
+    ) -> None:
         rows = [r for b in batch for r in b.hidden_rows]
         feats = self.features(captured, torch.tensor(rows, device=self.device)) if rows else None  # [N, H]
         evictable = set(self.cache.tables) - {b.seq_id for b in batch}
@@ -113,6 +119,7 @@ class FeatureChainDrafter(Drafter):
             if new is not None and new.shape[0] > todo:
                 st.pending = new[todo : todo + 1].clone()  # the prefill chunk's last position
             if todo == 0:
+                st.num_ctx = first  # only a pending position (a one-token prefill chunk)
                 continue
             if not self.cache.reserve(b.seq_id, L + self._wanted(b), evictable):
                 self.seqs.pop(b.seq_id, None)  # out of cache blocks: start over (gap) later
@@ -132,9 +139,7 @@ class FeatureChainDrafter(Drafter):
         out, back = self.net(embeds, torch.cat(hidden), meta)  # [T, H] each
         picks = [i for i, d in enumerate(drafting) if d]
         if picks:
-            last = (
-                torch.tensor([len(p) for p in positions]).cumsum(0) - 1
-            )  # row of each sequence's last position
+            last = torch.tensor([len(p) for p in positions]).cumsum(0) - 1  # each sequence's last row
             idx = last[picks].to(self.device)
             first_drafts = self.logits(out.index_select(0, idx)).argmax(-1).tolist()
             back_rows = back.index_select(0, idx)
@@ -142,7 +147,13 @@ class FeatureChainDrafter(Drafter):
                 drafts[seq_ids[i]] = [first_drafts[j]]
                 feedback[seq_ids[i]] = back_rows[j]
 
-    def _draft_step(self, live: list[SeqDraftInput], step: int, drafts, feedback) -> None:  # noqa: ANN001
+    def _draft_step(
+        self,
+        live: list[SeqDraftInput],
+        step: int,
+        drafts: dict[int, list[int]],
+        feedback: dict[int, torch.Tensor],
+    ) -> None:
         sids = [b.seq_id for b in live]
         pos = [len(b.token_ids) - 2 + step for b in live]  # input: draft `step` at position L-2+step
         meta = self.cache.metadata(sids, [[p] for p in pos], pos, store=True)

@@ -37,8 +37,9 @@ def sample_anchors(
     num_anchors: int,
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # anchors [B, A] int64, ok [B, A] bool
-    """Up to ``num_anchors`` distinct anchors per row, uniformly among positions a with a and a+1 in the response.
-    Rows with fewer candidates get ``ok = False`` in the spare columns (their blocks are ignored)."""
+    """Up to ``num_anchors`` distinct anchors per row, uniformly among positions a with a and a+1 in the
+    response. Rows with fewer candidates get ``ok = False`` in the spare columns (their blocks are ignored).
+    """
     B, T = loss_mask.shape
     cand = loss_mask.clone()
     cand[:, :-1] &= loss_mask[:, 1:]
@@ -108,7 +109,7 @@ def dflash_loss(
     w = decay_weights(K, gamma, logits.device)[out.k]  # [M]
     ce = F.cross_entropy(logits, out.labels, reduction="none")  # [M]
     loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
-    correct = (logits.detach().argmax(-1) == out.labels)  # [M]
+    correct = logits.detach().argmax(-1) == out.labels  # [M]
     grid = torch.zeros_like(out.valid)
     grid[out.valid] = correct
     return loss, correct, position_metrics(grid.view(-1, K), out.valid.view(-1, K))
@@ -143,12 +144,16 @@ class DFlashMethod(TrainMethod):
         return model.to(target.device)
 
     def load(self, folder: Path, target: FrozenTarget) -> nn.Module:
-        model = self.model_class.from_pretrained(folder, target.spec, device=target.device, dtype=torch.float32)
+        model = self.model_class.from_pretrained(
+            folder, target.spec, device=target.device, dtype=torch.float32
+        )
         return model.requires_grad_(True)
 
     def save(self, model: nn.Module, folder: Path, dtype: torch.dtype) -> None:
         assert isinstance(model, DFlashDraftModel)
-        state = {n: t.detach().to(dtype) if t.is_floating_point() else t for n, t in model.state_dict().items()}
+        state = {
+            n: t.detach().to(dtype) if t.is_floating_point() else t for n, t in model.state_dict().items()
+        }
         save_checkpoint(folder, model.config.to_dict(), state)
 
     def loss(self, model, batch, target, features, generator) -> tuple[torch.Tensor, Metrics]:

@@ -1,9 +1,9 @@
-"""DSpark training (arXiv 2607.05147; deepseek-ai/DeepSpec): the DFlash loss on the backbone + Markov head, plus
-the confidence head.
+"""DSpark training (arXiv 2607.05147; deepseek-ai/DeepSpec): the DFlash loss on the backbone + Markov head,
+plus the confidence head.
 
-* Markov head: position k's logits get ``W2 W1[prev]`` with ``prev`` the TRUE token before it (teacher forcing;
-  at inference ``prev`` is the previous draft, equal to the true token exactly when that draft was accepted,
-  which is the only case where position k is verified at all).
+* Markov head: position k's logits get ``W2 W1[prev]`` with ``prev`` the TRUE token before it (teacher
+  forcing; at inference ``prev`` is the previous draft, equal to the true token exactly when that draft was
+  accepted, which is the only case where position k is verified at all).
 * Confidence head: BCE of ``sigmoid(w . h_k + b)`` against "draft k is correct", on positions whose earlier
   drafts are all correct (the conditional acceptance the drafter thresholds at inference). It reads detached
   hidden states: it calibrates, it does not steer the backbone.

@@ -1,12 +1,11 @@
 """EAGLE-3 training with training-time test (Li et al., arXiv 2503.01840, section 3.2).
 
-Chain p (one per position) follows the drafting convention of :mod:`flexspec.spec.models.feature_chain`: step 0
-feeds (``fc`` of the target's low/mid/high features at p, embedding of token p+1) at position p and predicts
+Chain p (one per position) follows the drafting convention of :mod:`flexspec.spec.models.feature_chain`: step
+0 feeds (``fc`` of the target's low/mid/high features at p, embedding of token p+1) at position p and predicts
 token p+2; step j >= 1 feeds (the layer's own pre-norm output of step j-1, embedding of TRUE token p+1+j) at
 position p+j and predicts token p+2+j. Attention of chain p at step j sees the step-0 keys of positions <= p
-(what the drafter's cache holds from target features) plus its own keys of steps 1..j (the scratch positions of
-earlier draft steps) — EAGLE-3's "diagonal" TTT mask. Step j's CE is weighted 0.8^j.
-"""
+(what the drafter's cache holds from target features) plus its own keys of steps 1..j (the scratch positions
+of earlier draft steps) — EAGLE-3's "diagonal" TTT mask. Step j's CE is weighted 0.8^j."""
 
 from __future__ import annotations
 
@@ -113,12 +112,16 @@ class Eagle3Method(TrainMethod):
         return model.to(target.device)
 
     def load(self, folder: Path, target: FrozenTarget) -> nn.Module:
-        model = Eagle3DraftModel.from_pretrained(folder, target.spec, device=target.device, dtype=torch.float32)
+        model = Eagle3DraftModel.from_pretrained(
+            folder, target.spec, device=target.device, dtype=torch.float32
+        )
         return model.requires_grad_(True)
 
     def save(self, model: nn.Module, folder: Path, dtype: torch.dtype) -> None:
         assert isinstance(model, Eagle3DraftModel)
-        state = {n: t.detach().to(dtype) if t.is_floating_point() else t for n, t in model.state_dict().items()}
+        state = {
+            n: t.detach().to(dtype) if t.is_floating_point() else t for n, t in model.state_dict().items()
+        }
         save_checkpoint(folder, model.config.to_dict(), state)
 
     def loss(self, model, batch, target, features, generator) -> tuple[torch.Tensor, Metrics]:

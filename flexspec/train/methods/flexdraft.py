@@ -1,10 +1,9 @@
 """FlexDraft attention tuning (arXiv 2605.20022): only the tuned q/k/v/o (+ q/k norms) of layers >= split,
 the mask embedding and the calibration MLP train; the target (norms, MLPs, embedding, LM head) stays frozen.
 
-The loss itself lives with the model (:meth:`FlexDraftModel.training_loss`: random anchors, mask blocks over the
-target's K/V, DFlash's position-decayed CE); it runs its own dense pass of the frozen target, so no features
-are extracted or cached for this method.
-"""
+The loss itself lives with the model (:meth:`FlexDraftModel.training_loss`: random anchors, mask blocks over
+the target's K/V, DFlash's position-decayed CE); it runs its own dense pass of the frozen target, so no
+features are extracted or cached for this method."""
 
 from __future__ import annotations
 
@@ -31,7 +30,9 @@ class FlexDraftMethod(TrainMethod):
     name: ClassVar[str] = "flexdraft"
 
     def split_layer(self, spec: ModelSpec) -> int:
-        return self.cfg.split_layer if self.cfg.split_layer is not None else default_split_layer(spec.num_layers)
+        return (
+            self.cfg.split_layer if self.cfg.split_layer is not None else default_split_layer(spec.num_layers)
+        )
 
     def build(self, target: FrozenTarget) -> nn.Module:
         torch.manual_seed(self.cfg.seed)
@@ -40,7 +41,9 @@ class FlexDraftMethod(TrainMethod):
         ).float()
 
     def load(self, folder: Path, target: FrozenTarget) -> nn.Module:
-        return FlexDraftModel.from_pretrained(folder, target.model).to(device=target.device, dtype=torch.float32)
+        return FlexDraftModel.from_pretrained(folder, target.model).to(
+            device=target.device, dtype=torch.float32
+        )
 
     def save(self, model: nn.Module, folder: Path, dtype: torch.dtype) -> None:
         assert isinstance(model, FlexDraftModel)
@@ -52,5 +55,10 @@ class FlexDraftMethod(TrainMethod):
 
     def loss(self, model, batch, target, features, generator) -> tuple[torch.Tensor, Metrics]:
         return model.training_loss(
-            target.model, batch.input_ids, batch.loss_mask, self.cfg.num_anchors, self.cfg.decay_gamma, generator
+            target.model,
+            batch.input_ids,
+            batch.loss_mask,
+            self.cfg.num_anchors,
+            self.cfg.decay_gamma,
+            generator,
         )
