@@ -26,17 +26,12 @@ from actors.placement import WorkerResources, worker_bundles
 from actors.tp_worker import TPWorker
 from configs.engine import EngineConfig
 from flexspec.engine.model_input import ModelInput, ModelOutput
-from flexspec.errors import FlexspecError
+from flexspec.errors import WorkerGroupError
 from flexspec.models.loader import resolve_model_dir
 
 log = logging.getLogger(__name__)
 
-
-class WorkerGroupError(FlexspecError):
-    """A TP rank died, failed, or did not answer in time; the replica must be restarted."""
-
-    status = 503
-    type = "engine_unavailable"
+__all__ = ["RayExecutor", "WorkerGroupError", "resolve_use_gpu"]  # WorkerGroupError: from flexspec.errors
 
 
 def resolve_use_gpu(config: EngineConfig) -> bool:

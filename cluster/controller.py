@@ -4,36 +4,44 @@ The engine is single-threaded and stepping blocks for a whole forward, so it liv
 that alone touches it: requests and aborts arrive through a thread-safe inbox, outputs leave through each
 caller's asyncio queue (``loop.call_soon_threadsafe``). Each loop iteration:
 
-    drain inbox (add / abort)  ->  policy.choose(batch)  ->  engine.step(...)  ->  route outputs to streams
+    drain inbox (add / abort)  ->  engine.step()  ->  record the step's mode  ->  route outputs to streams
 
-``policy.choose`` is THE place where the execution mode of a batch is decided (``cluster/policy.py``); the
-decision rides in the step's ``ModelInput`` to every TP rank. A caller that stops listening (client gone,
-request cancelled) aborts its requests, which frees their sequences and KV blocks in the next iteration.
+The controller decides nothing about execution: the engine's ``SpeculationPolicy`` (``flexspec/spec/policy.py``)
+chooses each step's mode (plain / decoupled / parallel) once, inside ``LLMEngine.step`` right after scheduling,
+and that decision rides in the step's ``ModelInput`` to every TP rank. The controller only reads what happened
+(``engine.last_mode``, ``engine.last_step_seconds``, ``engine.spec_metrics``) into its ``EngineSnapshot`` for
+``/metrics``. A caller that stops listening (client gone, request cancelled) aborts its requests, which frees
+their sequences and KV blocks in the next iteration.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
+import bisect
 import logging
 import queue
 import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.errors import EngineDeadError
-from cluster.policy import BatchView, DefaultExecutionPolicy, ExecutionDecision, ExecutionPolicy
+from cluster.metrics import STEP_SECONDS_BUCKETS
 from configs.sampling import SamplingParams
 from flexspec.engine.outputs import RequestOutput
+from flexspec.errors import EngineDeadError
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class EngineSnapshot:
-    """Engine state read by metrics and health checks (updated by the loop thread, read by anyone)."""
+    """Engine state read by metrics and health checks (updated by the loop thread, read by anyone).
+
+    Mode fields count executed steps (one forward each) by the mode the engine's policy chose for them;
+    ``step_seconds_buckets_by_mode[mode][i]`` counts steps whose time is <= ``STEP_SECONDS_BUCKETS[i]`` and
+    above the previous bound (last entry: above every bound). The ``spec_decode_*`` fields are a copy of the
+    engine's ``spec_metrics`` (vLLM's counters), ``None`` when the engine has no ``speculative_config``.
+    """
 
     num_requests_running: int = 0
     num_requests_waiting: int = 0
@@ -41,6 +49,11 @@ class EngineSnapshot:
     num_preemptions: int = 0
     num_steps_by_mode: dict[str, int] = field(default_factory=dict)
     step_seconds_by_mode: dict[str, float] = field(default_factory=dict)
+    step_seconds_buckets_by_mode: dict[str, list[int]] = field(default_factory=dict)
+    spec_decode_num_drafts: int | None = None
+    spec_decode_num_draft_tokens: int | None = None
+    spec_decode_num_accepted_tokens: int | None = None
+    spec_decode_num_accepted_tokens_per_pos: list[int] | None = None
 
 
 @dataclass
@@ -75,22 +88,21 @@ class EngineController:
     """Owns ``engine`` and the thread that steps it.
 
     Args:
-        engine: an ``LLMEngine`` (or anything with its add_request / abort / step / has_unfinished API).
-        policy: chooses each step's execution mode; default: ``DefaultExecutionPolicy`` of the engine's
-            ``speculative_config``.
+        engine: an ``LLMEngine`` (or anything with its add_request / abort / step / has_unfinished API and
+            ``stats.num_steps``, ``last_mode``, ``last_step_seconds``, optionally ``spec_metrics``).
     """
 
-    def __init__(self, engine: Any, policy: ExecutionPolicy | None = None) -> None:
+    def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.policy = policy or DefaultExecutionPolicy(getattr(engine.config, "speculative_config", None))
-        # Until LLMEngine.step takes the decision, the controller still decides once per step (metrics, logs).
-        self._step_takes_decision = "decision" in inspect.signature(engine.step).parameters
+        spec_config = getattr(getattr(engine, "config", None), "speculative_config", None)
+        self._speculative = spec_config is not None and hasattr(engine, "spec_metrics")
         self._inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}  # loop thread only
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.error: BaseException | None = None
         self.snapshot = EngineSnapshot()
+        self._update_snapshot()  # before the loop thread exists: spec counters are exported from the start
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> EngineController:
@@ -143,10 +155,10 @@ class EngineController:
                 self._drain(block=not engine.has_unfinished)
                 if not engine.has_unfinished:
                     continue
-                decision = self.policy.choose(self._batch_view())
-                t0 = time.perf_counter()
-                outputs = engine.step(decision=decision) if self._step_takes_decision else engine.step()
-                self._record_step(decision, time.perf_counter() - t0)
+                steps_before = engine.stats.num_steps
+                outputs = engine.step()  # the engine's policy picks this step's mode inside
+                if engine.stats.num_steps != steps_before:  # a forward ran (none when nothing fits the batch)
+                    self._record_step(engine.last_mode, engine.last_step_seconds)
                 for out in outputs:
                     stream = self._streams.get(out.request_id)
                     if out.finished:
@@ -191,14 +203,18 @@ class EngineController:
                 break
         self._update_snapshot()
 
-    def _batch_view(self) -> BatchView:
-        s = self.engine.scheduler
-        return BatchView(len(s.running), len(s.waiting), self.engine.block_manager.usage)
-
-    def _record_step(self, decision: ExecutionDecision, seconds: float) -> None:
+    def _record_step(self, mode: str, seconds: float) -> None:
+        """One executed step, in the mode the engine chose for it, taking ``seconds`` (the executor's time)."""
         snap = self.snapshot
-        snap.num_steps_by_mode[decision.mode] = snap.num_steps_by_mode.get(decision.mode, 0) + 1
-        snap.step_seconds_by_mode[decision.mode] = snap.step_seconds_by_mode.get(decision.mode, 0.0) + seconds
+        if mode not in snap.num_steps_by_mode:  # new dicts, not new keys: readers may be iterating the old ones
+            snap.step_seconds_buckets_by_mode = snap.step_seconds_buckets_by_mode | {
+                mode: [0] * (len(STEP_SECONDS_BUCKETS) + 1)
+            }
+            snap.step_seconds_by_mode = snap.step_seconds_by_mode | {mode: 0.0}
+            snap.num_steps_by_mode = snap.num_steps_by_mode | {mode: 0}
+        snap.num_steps_by_mode[mode] = snap.num_steps_by_mode.get(mode, 0) + 1
+        snap.step_seconds_by_mode[mode] = snap.step_seconds_by_mode.get(mode, 0.0) + seconds
+        snap.step_seconds_buckets_by_mode[mode][bisect.bisect_left(STEP_SECONDS_BUCKETS, seconds)] += 1
 
     def _update_snapshot(self) -> None:
         s = self.engine.scheduler
@@ -207,3 +223,9 @@ class EngineController:
         snap.num_requests_waiting = len(s.waiting)
         snap.kv_cache_usage = self.engine.block_manager.usage
         snap.num_preemptions = self.engine.stats.num_preemptions
+        if self._speculative:
+            m = self.engine.spec_metrics
+            snap.spec_decode_num_drafts = m.num_drafts
+            snap.spec_decode_num_draft_tokens = m.num_draft_tokens
+            snap.spec_decode_num_accepted_tokens = m.num_accepted_tokens
+            snap.spec_decode_num_accepted_tokens_per_pos = list(m.num_accepted_tokens_per_pos)

@@ -6,14 +6,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from flexspec.errors import FlexspecError
+from flexspec.errors import EngineDeadError, FlexspecError, WorkerGroupError
 
-
-class EngineDeadError(FlexspecError):
-    """The replica's engine loop stopped (a TP rank died or a step failed); Serve restarts the replica."""
-
-    status = 503
-    type = "engine_unavailable"
+# EngineDeadError / WorkerGroupError live in flexspec.errors; re-exported here for older imports.
+__all__ = [
+    "EngineDeadError",
+    "OverloadedError",
+    "RequestTooLargeError",
+    "WorkerGroupError",
+    "error_body",
+    "error_from_exception",
+    "error_from_validation",
+    "to_wire",
+]
 
 
 class RequestTooLargeError(FlexspecError):

@@ -6,9 +6,15 @@ Two sources:
 * engine metrics, read from each replica's ``EngineSnapshot`` (piggybacked on every finished request and
   polled at scrape time), one series per engine (label ``engine`` = Serve replica id, as vLLM labels engines).
 
-Adding an engine metric (e.g. the spec-decode counters of the speculative-decoding issue) is one row in
-``ENGINE_GAUGES`` / ``ENGINE_COUNTERS`` naming the snapshot field; a dict-valued field becomes a labelled
-family (``mode``, ``position``...). Under Ray's own metrics export the same names get a ``ray_`` prefix.
+Engine metrics include vLLM's speculative-decoding counters (``vllm:spec_decode_num_drafts``, ``..._draft_tokens``,
+``..._accepted_tokens``, ``..._accepted_tokens_per_pos{position}``), copied from the engine's own
+``SpecDecodingMetrics`` (so MAL = 1 + accepted / drafts, acceptance rate = accepted / draft tokens), and ours:
+``flexspec:execution_mode_steps_total{mode}`` (steps by the mode the engine's policy chose) and the
+``flexspec:step_seconds{mode}`` histogram (executor time per step).
+
+Adding an engine metric is one row in ``ENGINE_GAUGES`` / ``ENGINE_COUNTERS`` / ``ENGINE_HISTOGRAMS`` naming
+the snapshot field; a dict- or list-valued field becomes a labelled family (``mode``, ``position``...); a
+``None`` field exports no series. Under Ray's own metrics export the same names get a ``ray_`` prefix.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 # (metric name, snapshot field, help, label for dict/list-valued fields)
 ENGINE_GAUGES: list[tuple[str, str, str, str | None]] = [
@@ -29,18 +36,70 @@ ENGINE_GAUGES: list[tuple[str, str, str, str | None]] = [
 ]
 ENGINE_COUNTERS: list[tuple[str, str, str, str | None]] = [
     ("vllm:num_preemptions", "num_preemptions", "Sequences preempted (KV blocks reclaimed).", None),
-    ("flexspec:engine_steps", "num_steps_by_mode", "Engine steps by execution mode chosen.", "mode"),
+    # Speculative decoding, vLLM's names and definitions (exported only when speculation is configured).
+    ("vllm:spec_decode_num_drafts", "spec_decode_num_drafts", "Number of spec decoding drafts.", None),
+    ("vllm:spec_decode_num_draft_tokens", "spec_decode_num_draft_tokens", "Number of draft tokens.", None),
+    (
+        "vllm:spec_decode_num_accepted_tokens",
+        "spec_decode_num_accepted_tokens",
+        "Number of accepted tokens.",
+        None,
+    ),
+    (
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "spec_decode_num_accepted_tokens_per_pos",
+        "Accepted tokens per draft position.",
+        "position",
+    ),
+    (
+        "flexspec:execution_mode_steps",
+        "num_steps_by_mode",
+        "Engine steps by the execution mode the engine's policy chose.",
+        "mode",
+    ),
+    # Deprecated aliases of flexspec:execution_mode_steps / flexspec:step_seconds_sum (bench/server_bench.py
+    # still reads them); drop once nothing does.
+    ("flexspec:engine_steps", "num_steps_by_mode", "Deprecated: flexspec:execution_mode_steps.", "mode"),
     (
         "flexspec:engine_step_seconds",
         "step_seconds_by_mode",
-        "Engine step wall time by execution mode.",
+        "Deprecated: flexspec:step_seconds_sum.",
         "mode",
     ),
-    # Speculative decoding (vLLM names), once the engine reports them in its snapshot:
-    # ("vllm:spec_decode_num_drafts", "spec_decode_num_drafts", "...", None),
-    # ("vllm:spec_decode_num_draft_tokens", "spec_decode_num_draft_tokens", "...", None),
-    # ("vllm:spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens", "...", None),
-    # ("vllm:spec_decode_num_accepted_tokens_per_pos", "spec_decode_num_accepted_tokens_per_pos", "...", "position"),
+]
+# Step times: ~1 ms (GPU decode) to tens of seconds (CPU prefill of long prompts). The controller bins steps.
+STEP_SECONDS_BUCKETS: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+)
+# (metric name, snapshot field of per-label bucket counts, snapshot field of per-label sums, help, label);
+# bucket counts are per bucket of ``STEP_SECONDS_BUCKETS`` plus one past the last bound (not cumulative).
+ENGINE_HISTOGRAMS: list[tuple[str, str, str, str, str]] = [
+    (
+        "flexspec:step_seconds",
+        "step_seconds_buckets_by_mode",
+        "step_seconds_by_mode",
+        "Executor time of one engine step, by the execution mode the engine's policy chose.",
+        "mode",
+    ),
 ]
 
 TTFT_BUCKETS = (
@@ -158,6 +217,18 @@ class EngineStatsCollector:
                         for key, v in items:
                             metric.add_metric([self.model_name, engine, str(key)], float(v))
                 yield metric
+        bounds = [floatToGoString(b) for b in STEP_SECONDS_BUCKETS] + ["+Inf"]
+        for name, buckets_field, sum_field, doc, label in ENGINE_HISTOGRAMS:
+            hist = HistogramMetricFamily(name, doc, labels=["model_name", "engine", label])
+            for engine, snap in sorted(live.items()):
+                sums = snap.get(sum_field) or {}
+                for key, counts in sorted((snap.get(buckets_field) or {}).items()):
+                    cumulative, total = [], 0
+                    for le, n in zip(bounds, counts):
+                        total += n
+                        cumulative.append((le, float(total)))
+                    hist.add_metric([self.model_name, engine, str(key)], cumulative, float(sums.get(key, 0.0)))
+            yield hist
 
 
 class ServerMetrics:

@@ -99,6 +99,13 @@ class LLMServer:
             **dataclasses.asdict(self.controller.snapshot),
         }
 
+    def spec_decode_metrics(self) -> dict[str, Any] | None:
+        """The engine's own speculative-decoding counters (``SpecDecodingMetrics.as_dict``); None without
+        speculation. ``/metrics`` exports the same numbers as ``vllm:spec_decode_*``."""
+        if getattr(self.engine.config, "speculative_config", None) is None:
+            return None
+        return self.engine.spec_metrics.as_dict()
+
     def model_info(self) -> dict[str, Any]:
         return {"model": self.args.engine.model, "max_model_len": self.args.engine.max_model_len}
 

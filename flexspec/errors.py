@@ -36,3 +36,17 @@ class ModelLoadError(FlexspecError):
 
     status = 500
     type = "model_load_error"
+
+
+class EngineDeadError(FlexspecError):
+    """The replica's engine loop stopped (a TP rank died or a step failed); Serve restarts the replica."""
+
+    status = 503
+    type = "engine_unavailable"
+
+
+class WorkerGroupError(FlexspecError):
+    """A TP rank died, failed, or did not answer in time; the replica must be restarted."""
+
+    status = 503
+    type = "engine_unavailable"

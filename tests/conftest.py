@@ -53,3 +53,20 @@ def real_prompts(engine, n_each: int = 7) -> list[list[int]]:
             else:
                 out.append(engine.encode(p["prompt"]))
     return out
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One fresh local 2-CPU Ray cluster per session, shared by tests/actors and tests/cluster.
+
+    ``address="local"``: never attaches to a stale cluster left behind by ``ray stop``. Ray is imported here,
+    not at module level, so CPU-only test runs without ``ray`` installed still import this conftest.
+    """
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()

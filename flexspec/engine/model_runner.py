@@ -125,13 +125,18 @@ class ModelRunner:
     def capture_cuda_graphs(self) -> None:
         """Capture decode graphs (1 token per sequence) and, with a drafter, verification graphs (1 + K)."""
         sizes = self.config.cuda_graph_batch_sizes
-        self.graphs = [DecodeGraphs(self, sizes)]
+        try:
+            self.graphs = [DecodeGraphs(self, sizes)]
+        except Exception as e:  # noqa: BLE001 - never fail serving because capture failed: run eagerly
+            log.warning("decode CUDA graphs not captured (%s: %s); running eagerly", type(e).__name__, e)
+            self.graphs = []
+            return
         if self.spec_worker is not None:
             k = self.spec_worker.drafter.num_speculative_tokens
             layers = tuple(self.spec_worker.drafter.capture_layers)
             try:
                 self.graphs.append(DecodeGraphs(self, sizes, query_len=1 + k, capture_layers=layers))
-            except RuntimeError as e:  # e.g. out of memory for very large K x batch: run verification eagerly
+            except Exception as e:  # noqa: BLE001 - e.g. out of memory for large K x batch: verify eagerly
                 log.warning("verification CUDA graphs not captured (%s); running them eagerly", e)
 
     @torch.inference_mode()

@@ -75,7 +75,7 @@ def train_drafter(
     device: str | None = typer.Option(None, help=_h("device")),
     max_minutes: float | None = typer.Option(None, help=_h("max_minutes")),
 ) -> None:
-    """Train a drafter for TARGET: generate -> extract -> train -> validate -> package (each stage resumes)."""
+    """Train a drafter: generate -> extract -> train -> validate -> package (each stage resumes)."""
     from pydantic import ValidationError
 
     from flexspec.train.config import TrainInputError

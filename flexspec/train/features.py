@@ -51,8 +51,10 @@ def run_extract(cfg: TrainConfig, method: TrainMethod, deadline: Deadline) -> bo
         raise TrainInputError(f"no training data in {root / 'data'}: run --stage generate first")
     out = features_dir(root)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"layers": layers, "target": cfg.target, "max_seq_len": cfg.max_seq_len,
-            "num_samples": len(samples), "samples_per_shard": SAMPLES_PER_SHARD, "complete": False}  # fmt: skip
+    meta = {
+        "layers": layers, "target": cfg.target, "max_seq_len": cfg.max_seq_len, "num_samples": len(samples),
+        "samples_per_shard": SAMPLES_PER_SHARD, "complete": False,
+    }  # fmt: skip
     old = out / "meta.json"
     if old.is_file() and {k: v for k, v in json.loads(old.read_text()).items() if k != "complete"} != {
         k: v for k, v in meta.items() if k != "complete"
@@ -97,7 +99,7 @@ class FeatureCache:
     def open(
         cls, root: Path, layers: list[int], samples: list[Sample], cfg: TrainConfig
     ) -> FeatureCache | None:
-        """The cache if it is complete and matches these samples and layers, else None (features go online)."""
+        """The cache if it is complete and matches these samples and layers, else None (go online)."""
         path = features_dir(root) / "meta.json"
         if not path.is_file():
             return None

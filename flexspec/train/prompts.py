@@ -82,7 +82,7 @@ def _row_text(r: dict) -> str | None:
 
 
 def plan_prompts(sources: list[str], num_prompts: int | None, seed: int) -> list[Prompt]:
-    """Prompts of all sources, shuffled with ``seed``, the first ``num_prompts`` kept (the same on every run)."""
+    """Prompts of all sources, shuffled with ``seed``, the first ``num_prompts`` kept (same on every run)."""
     rows = [p for s in sources for p in load_source(s)]
     random.Random(seed).shuffle(rows)
     return rows[:num_prompts] if num_prompts is not None else rows

@@ -24,7 +24,7 @@ from flexspec.train.prompts import TEST_DATASETS
 
 
 def parse_val_sets(specs: list[str]) -> list[tuple[str, str, int | None]]:
-    """``["gsm8k:100", "mt_bench"]`` -> [(key, dataset, first N or None)]; results are stored under the key."""
+    """``["gsm8k:100", "mt_bench"]`` -> [(key, dataset, first N or None)]; results are keyed by ``key``."""
     out = []
     for s in specs:
         name, _, n = s.partition(":")

@@ -1,21 +1,8 @@
-"""Ray for the actor tests: one local 2-CPU cluster per session, shared with tests/cluster if it runs too."""
+"""Actor tests: one torch thread in-process (``ray_session``, the shared local Ray cluster, is in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    """A fresh local Ray cluster (``address="local"``: never a stale one left behind by ``ray stop``)."""
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="package", autouse=True)

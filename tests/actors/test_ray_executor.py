@@ -50,7 +50,8 @@ def test_placement_group_is_strict_pack_one_bundle_per_rank(tp2_engine, ray_sess
 
 
 def test_tp2_matches_tp1_greedy_with_speculation(tp2_engine, engine, prompts):
-    """Same T=0 tokens from TP=2 (ngram speculation configured) as from the TP=1 in-process engine."""
+    """Same T=0 tokens from TP=2 with ngram speculation as from the plain TP=1 in-process engine, and the
+    TP=2 engine really speculated: its policy chose decoupled steps and drafts were verified."""
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     want = engine.generate(prompts, params)
     got = tp2_engine.generate(prompts, params)
@@ -58,6 +59,8 @@ def test_tp2_matches_tp1_greedy_with_speculation(tp2_engine, engine, prompts):
         assert len(g.token_ids) == MAX_TOKENS
         assert g.token_ids == w.token_ids, (w.text, g.text)
         assert g.text == w.text
+    assert tp2_engine.policy.mode_counts.get("decoupled", 0) > 0
+    assert tp2_engine.spec_metrics.num_drafts > 0, tp2_engine.spec_metrics.as_dict()
     # The worker group holds the same number of KV blocks on both ranks and released them all.
     assert tp2_engine.block_manager.usage == 0.0
 

@@ -1,4 +1,7 @@
-"""One real Serve app on loopback for the whole module set: ingress + LLMServer (TP=1, ngram speculation)."""
+"""One real Serve app on loopback for the whole module set: ingress + LLMServer (TP=1, ngram speculation).
+
+``ray_session`` (the shared local Ray cluster) is in tests/conftest.py.
+"""
 
 from __future__ import annotations
 
@@ -32,22 +35,17 @@ def free_port() -> int:
 class Server:
     base_url: str  # http://127.0.0.1:PORT
     model: str
+    app: str = ""  # Serve application name
+
+    def llm_handle(self):
+        """Deployment handle of the app's engine replicas (``LLMServer``)."""
+        from ray import serve
+
+        return serve.get_deployment_handle("LLMServer", app_name=self.app)
 
     @property
     def api(self) -> str:
         return f"{self.base_url}/v1"
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 def deploy(args: dict, name: str, model: str) -> Server:
@@ -59,7 +57,7 @@ def deploy(args: dict, name: str, model: str) -> Server:
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(args), name=name, route_prefix="/")
-    return Server(f"http://127.0.0.1:{port}", model)
+    return Server(f"http://127.0.0.1:{port}", model, name)
 
 
 @pytest.fixture(scope="module")

@@ -1,35 +1,29 @@
-"""EngineController without Ray: streaming, cancellation frees KV, errors, one policy decision per step."""
+"""EngineController without Ray: streaming, cancellation frees KV, errors, the engine's mode recorded once per
+step, and the spec-decode counters at /metrics equal the engine's own."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
 
 from cluster.controller import EngineController
 from cluster.errors import EngineDeadError
-from cluster.policy import BatchView, DefaultExecutionPolicy, ExecutionDecision
-from configs import SamplingParams
-from configs.speculative import parse_speculative_config
+from cluster.metrics import STEP_SECONDS_BUCKETS, ServerMetrics
+from cluster.server import LLMServer
+from configs import EngineConfig, SamplingParams
 from flexspec.errors import ContextLengthExceededError
+from tests.conftest import DEFAULT_MODEL
 
-
-class CountingPolicy:
-    def __init__(self) -> None:
-        self.calls: list[BatchView] = []
-
-    def choose(self, batch: BatchView) -> ExecutionDecision:
-        self.calls.append(batch)
-        return ExecutionDecision("plain")
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 
 
 @pytest.fixture
 def controller(engine):
-    policy = CountingPolicy()
-    ctl = EngineController(engine, policy).start()
-    ctl.test_policy = policy  # type: ignore[attr-defined]
+    ctl = EngineController(engine).start()
     yield ctl
     ctl.stop()
     assert not engine.has_unfinished  # leave the shared engine clean
@@ -95,7 +89,7 @@ def test_rejected_request_raises_typed_error(controller, engine):
     assert controller.healthy
 
 
-def test_policy_decides_once_per_step(controller, engine):
+def test_plain_engine_steps_are_recorded_as_plain(controller, engine):
     async def run() -> None:
         async for _ in controller.generate(
             [("p", engine.encode("Hello"), SamplingParams(max_tokens=5, temperature=0.0))]
@@ -103,23 +97,142 @@ def test_policy_decides_once_per_step(controller, engine):
             pass
 
     steps_before = engine.stats.num_steps
+    plain_before = controller.snapshot.num_steps_by_mode.get("plain", 0)
     asyncio.run(run())
     steps = engine.stats.num_steps - steps_before
     assert steps >= 5
-    assert len(controller.test_policy.calls) == steps
-    assert controller.snapshot.num_steps_by_mode["plain"] == steps
+    assert set(controller.snapshot.num_steps_by_mode) == {"plain"}
+    assert controller.snapshot.num_steps_by_mode["plain"] - plain_before == steps
+    assert controller.snapshot.spec_decode_num_drafts is None  # no speculation: no spec-decode series
 
 
-def test_default_policy_modes():
-    ngram = parse_speculative_config(
-        {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 8}
+@pytest.fixture(scope="module")
+def ngram_engine():
+    """A real engine with ngram speculation; its SpeculationPolicy (execution auto) picks each step's mode."""
+    from flexspec.engine.llm_engine import LLMEngine
+
+    return LLMEngine(
+        EngineConfig(model=DEFAULT_MODEL, max_model_len=1024, device="cpu", speculative_config=NGRAM)
     )
-    view = BatchView(num_running=4, num_waiting=0, kv_cache_usage=0.1)
-    assert DefaultExecutionPolicy(None).choose(view) == ExecutionDecision("plain")
-    assert DefaultExecutionPolicy(ngram).choose(view) == ExecutionDecision("decoupled", 3)
-    assert DefaultExecutionPolicy(ngram).choose(BatchView(9, 0, 0.1)).mode == "plain"
-    forced = ngram.model_copy(update={"execution": "parallel"})
-    assert DefaultExecutionPolicy(forced).choose(view).mode == "parallel"
+
+
+def _chat_ids(engine, questions: list[str]) -> list[list[int]]:
+    return [engine.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
+
+
+def test_controller_records_one_engine_mode_per_step(ngram_engine, engine, monkeypatch):
+    """The controller decides nothing: every executed step is recorded once, in the mode the engine's policy
+    chose for it (``engine.last_mode``) with the engine's step time (``engine.last_step_seconds``)."""
+    prompts = _chat_ids(engine, ["Repeat after me: the cat sat on the mat, the cat sat on the mat.", "Hi!"])
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    refs = engine.generate(prompts, params)  # plain decoding, TP=1
+
+    eng = ngram_engine
+    seen: list[tuple[str, float]] = []
+    step = eng.step
+
+    def spying_step():
+        before = eng.stats.num_steps
+        out = step()
+        if eng.stats.num_steps != before:
+            seen.append((eng.last_mode, eng.last_step_seconds))
+        return out
+
+    monkeypatch.setattr(eng, "step", spying_step)
+    counts_before = Counter(eng.policy.mode_counts)
+    steps_before = eng.stats.num_steps
+
+    ctl = EngineController(eng).start()
+    try:
+
+        async def run() -> dict[str, list[int]]:
+            got: dict[str, list[int]] = {}
+            async for out in ctl.generate([("a", prompts[0], params), ("b", prompts[1], params)]):
+                got[out.request_id] = out.token_ids
+            return got
+
+        got = asyncio.run(run())
+    finally:
+        ctl.stop()
+    assert [got["a"], got["b"]] == [r.token_ids for r in refs]  # speculation stays exact at T=0
+
+    snap = ctl.snapshot
+    steps = eng.stats.num_steps - steps_before
+    modes = Counter(m for m, _ in seen)
+    assert len(seen) == steps > 0
+    assert snap.num_steps_by_mode == dict(modes)  # one mode per step, the engine's
+    assert modes == Counter(eng.policy.mode_counts) - counts_before  # = the policy's decisions
+    assert "decoupled" in modes  # the policy's warm-up tries speculation
+    for mode, n in modes.items():
+        assert snap.step_seconds_by_mode[mode] == pytest.approx(sum(t for m, t in seen if m == mode))
+        buckets = snap.step_seconds_buckets_by_mode[mode]
+        assert len(buckets) == len(STEP_SECONDS_BUCKETS) + 1 and sum(buckets) == n
+
+
+def _scrape(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Prometheus text -> {sample name: {sorted labels: value}}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def test_metrics_spec_decode_counters_equal_engine(ngram_engine):
+    """Real requests through the replica class (controller + OpenAI formatting), snapshots fed to the ingress's
+    collector exactly as the ingress does: the scraped vllm:spec_decode_* values equal ``engine.spec_metrics``."""
+    engine = ngram_engine
+    args = {
+        "model": DEFAULT_MODEL,
+        "served_model_name": "m",
+        "speculative_config": NGRAM,
+        "engine": {"device": "cpu", "max_model_len": 1024},
+    }
+    server = LLMServer(args, engine_factory=lambda _: engine)
+    metrics = ServerMetrics("m")
+    bodies = [
+        {"model": "m", "prompt": "def fib(n):\n    if n < 2:\n        return n\n    return", "max_tokens": 32},
+        {"model": "m", "messages": [{"role": "user", "content": "Count: one, two, three, four"}], "max_tokens": 24},
+    ]
+    counts_before = Counter(engine.policy.mode_counts)
+    steps_before = engine.stats.num_steps
+
+    async def run() -> None:
+        for body in bodies:
+            method = server.chat if "messages" in body else server.completion
+            async for chunk in method(body | {"temperature": 0}):
+                assert "error" not in chunk, chunk
+                if "_engine" in chunk:
+                    metrics.engines.update(chunk.pop("_engine"))  # what the ingress does with the usage chunk
+
+    try:
+        asyncio.run(run())
+    finally:
+        server.controller.stop()
+    metrics.engines.update(server.stats())  # what a scrape does: refresh from the (now idle) replica
+    got = _scrape(metrics.render().decode())
+    m = engine.spec_metrics
+    assert m.num_drafts > 0 and m.num_accepted_tokens > 0
+    base = (("engine", "local"), ("model_name", "m"))
+
+    assert got["vllm:spec_decode_num_drafts_total"] == {base: m.num_drafts}
+    assert got["vllm:spec_decode_num_draft_tokens_total"] == {base: m.num_draft_tokens}
+    assert got["vllm:spec_decode_num_accepted_tokens_total"] == {base: m.num_accepted_tokens}
+    per_pos = got["vllm:spec_decode_num_accepted_tokens_per_pos_total"]
+    assert per_pos == {
+        tuple(sorted(base + (("position", str(i)),))): n for i, n in enumerate(m.num_accepted_tokens_per_pos)
+    }
+    # Steps by mode count this replica's steps: the engine's decisions since the replica started.
+    decisions = Counter(engine.policy.mode_counts) - counts_before
+    modes = got["flexspec:execution_mode_steps_total"]
+    assert sum(modes.values()) == engine.stats.num_steps - steps_before == decisions.total()
+    for labels, n in modes.items():
+        mode = dict(labels)["mode"]
+        assert n == decisions[mode]
+        assert got["flexspec:step_seconds_count"][labels] == n
+        assert got["flexspec:step_seconds_bucket"][tuple(sorted(labels + (("le", "+Inf"),)))] == n
 
 
 class _FailingEngine:
@@ -129,7 +242,7 @@ class _FailingEngine:
         self.config = SimpleNamespace(speculative_config=None)
         self.scheduler = SimpleNamespace(running=[], waiting=[])
         self.block_manager = SimpleNamespace(usage=0.0)
-        self.stats = SimpleNamespace(num_preemptions=0)
+        self.stats = SimpleNamespace(num_preemptions=0, num_steps=0)
         self.pending: set[str] = set()
 
     @property

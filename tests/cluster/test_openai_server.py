@@ -331,7 +331,12 @@ def test_metrics_exposes_vllm_names(server, client):
         "vllm:generation_tokens_total",
         "vllm:time_to_first_token_seconds_bucket",
         "vllm:e2e_request_latency_seconds_bucket",
-        "flexspec:engine_steps_total",
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "flexspec:execution_mode_steps_total",
+        "flexspec:step_seconds_bucket",
     ):
         assert any(line.startswith(name + "{") and label in line for line in text.splitlines()), name
 
@@ -339,5 +344,30 @@ def test_metrics_exposes_vllm_names(server, client):
         return sum(float(line.rsplit(" ", 1)[1]) for line in t.splitlines() if line.startswith(name + "{"))
 
     assert value(text, "vllm:generation_tokens_total") - value(before, "vllm:generation_tokens_total") == 5
+    assert value(text, "flexspec:execution_mode_steps_total") == value(text, "flexspec:step_seconds_count")
     assert "_created" not in text
+
+
+def test_metrics_spec_decode_counters_equal_engine(server, client):
+    """After real requests through the Serve app, the scraped vllm:spec_decode_* counters equal the replica
+    engine's own ``spec_metrics`` (one replica, idle when scraped)."""
+    for prompt in ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return", "1, 2, 3, 4, 5,"):
+        client.completions.create(model=server.model, prompt=prompt, max_tokens=24, temperature=0)
+    wait_engine_idle(server)
+    want = server.llm_handle().spec_decode_metrics.remote().result()
+    text = httpx.get(f"{server.base_url}/metrics").text
+    samples: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:spec_decode_"):
+            name, rest = line.split("{", 1)
+            labels, v = rest.rsplit("} ", 1)
+            assert f'model_name="{server.model}"' in labels and 'engine="' in labels
+            pos = labels.split('position="', 1)[1].split('"', 1)[0] if "position=" in labels else ""
+            samples.setdefault(name, {})[pos] = float(v)
+    assert want["num_drafts"] > 0
+    assert samples["vllm:spec_decode_num_drafts_total"] == {"": want["num_drafts"]}
+    assert samples["vllm:spec_decode_num_draft_tokens_total"] == {"": want["num_draft_tokens"]}
+    assert samples["vllm:spec_decode_num_accepted_tokens_total"] == {"": want["num_accepted_tokens"]}
+    per_pos = samples["vllm:spec_decode_num_accepted_tokens_per_pos_total"]
+    assert per_pos == {str(i): n for i, n in enumerate(want["num_accepted_tokens_per_pos"])}
     assert json.loads(httpx.get(f"{server.api}/models").text)["data"][0]["max_model_len"] == 1024

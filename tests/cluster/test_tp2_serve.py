@@ -35,6 +35,7 @@ def test_tp2_replica_answers_like_tp1_engine(tp2_server, engine, ray_session):
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
     assert chunks[-1].usage.completion_tokens == len(ref.token_ids)
+    assert tp2_server.llm_handle().spec_decode_metrics.remote().result()["num_drafts"] > 0  # it speculated
 
     groups = [
         g

@@ -1,4 +1,4 @@
-"""Trainer: exact resume after a time-limit stop, LR schedule, all four methods train and load in the engine."""
+"""Trainer: exact resume after a time-limit stop, LR schedule, every method trains and loads in the engine."""
 
 from __future__ import annotations
 
