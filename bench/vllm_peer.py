@@ -84,6 +84,7 @@ def main(job_path: str, out_path: str) -> None:
             "seed": job["seed"],
             "gpu_memory_utilization": job["gpu_memory_utilization"],
             "max_num_seqs": max(job["batch_sizes"]),
+            "disable_log_stats": False,  # LLM.get_metrics() (spec-decode counters) needs stats on
         }
         if job["dtype"] != "auto":
             kwargs["dtype"] = job["dtype"]

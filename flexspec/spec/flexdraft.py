@@ -34,7 +34,9 @@ class FlexDraftDrafter(Drafter):
     def __init__(self, config, runner) -> None:  # noqa: ANN001
         super().__init__(config, runner)
         self.model = FlexDraftModel.from_pretrained(config.model, runner.model)
-        self.model.to(device=runner.device, dtype=runner.dtype)
+        # Cast parameters only: the tuned attention shares the target's RoPE tables, which must stay fp32.
+        for prm in self.model.parameters():
+            prm.data = prm.data.to(device=runner.device, dtype=runner.dtype)
         self.block_size = self.model.cfg.block_size
         self.num_speculative_tokens = min(config.num_speculative_tokens, self.block_size - 1)
         self.threshold = config.verification_threshold
