@@ -6,7 +6,8 @@ Step-time split (light hooks on public objects, installed by :class:`StepTimers`
 - *executor* = ``engine.executor.execute`` (target forward + sampling or verification + drafting, including the
   token readback, which synchronizes the device, so host timers see device time);
 - *draft* = ``runner.spec_worker.drafter.propose`` (the drafter's own work; 0 for plain decoding);
-- *verify* = executor - draft (target forward over bonus + drafts, rejection sampling, readback);
+- *verify* = executor - draft (target forward over bonus + drafts, rejection sampling, readback; for plain
+  decoding: target forward + sampling + readback);
 - *other* = engine step wall - executor (scheduling, building inputs, detokenizing, stop checks).
 
 For FlexDraft's parallel mode the drafting forward is fused into the target forward, so it counts as verify.

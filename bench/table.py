@@ -66,8 +66,11 @@ def spec_table(doc: dict[str, Any]) -> list[str]:
     lines = _head(doc)
     lines += ["| dataset | system | " + " | ".join(f"b={b} ratio (MAL)" for b in sizes) + " |"]
     lines += ["|---" * (len(sizes) + 2) + "|"]
+    peer_of = {r["system"]: r.get("peer") or "" for r in runs}
+    baselines = {"plain", "hf_dynamic", "vllm"}  # each group's baseline row first: ours, transformers, vLLM
     keys = sorted(
-        {(r["dataset"], r["mode"], r["system"]) for r in runs}, key=lambda k: (k[0], k[1], k[2] != "plain")
+        {(r["dataset"], r["mode"], r["system"]) for r in runs},
+        key=lambda k: (k[0], k[1], peer_of[k[2]], k[2] not in baselines, k[2]),
     )
     for ds, mode, system in keys:
         cells = []

@@ -206,7 +206,7 @@ class EngineController:
     def _record_step(self, mode: str, seconds: float) -> None:
         """One executed step, in the mode the engine chose for it, taking ``seconds`` (the executor's time)."""
         snap = self.snapshot
-        if mode not in snap.num_steps_by_mode:  # new dicts, not new keys: readers may be iterating the old ones
+        if mode not in snap.num_steps_by_mode:  # new dicts, not new keys: a reader may iterate the old ones
             snap.step_seconds_buckets_by_mode = snap.step_seconds_buckets_by_mode | {
                 mode: [0] * (len(STEP_SECONDS_BUCKETS) + 1)
             }

@@ -227,7 +227,9 @@ class EngineStatsCollector:
                     for le, n in zip(bounds, counts):
                         total += n
                         cumulative.append((le, float(total)))
-                    hist.add_metric([self.model_name, engine, str(key)], cumulative, float(sums.get(key, 0.0)))
+                    hist.add_metric(
+                        [self.model_name, engine, str(key)], cumulative, float(sums.get(key, 0.0))
+                    )
             yield hist
 
 

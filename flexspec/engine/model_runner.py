@@ -143,6 +143,10 @@ class ModelRunner:
     def _profile_peak(self) -> None:
         """Run a max-size prefill once so activation memory is counted before the KV cache takes the rest."""
         n = min(self.config.max_num_batched_tokens, self.config.max_model_len)
+        for a in self.attn_layers:  # a 1-block stand-in cache (nothing is written: all slots are -1)
+            shape = (1, self.block_size, a.num_kv_heads, a.head_dim)
+            a.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            a.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         inp = ModelInput(
             input_ids=[0] * n,
             positions=list(range(n)),
@@ -153,6 +157,8 @@ class ModelRunner:
             logits_indices=list(range(min(n, self.config.max_num_seqs))),
         )
         self.forward(inp)
+        for a in self.attn_layers:
+            a.k_cache = a.v_cache = torch.empty(0)
         torch.cuda.synchronize(self.device)
 
     # ---- execution ----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Actor tests: one torch thread in-process (``ray_session``, the shared local Ray cluster, is in tests/conftest.py)."""
+"""Actor tests: one torch thread in-process (``ray_session``, the local Ray cluster, is in tests/conftest.py)."""
 
 from __future__ import annotations
 

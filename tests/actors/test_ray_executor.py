@@ -61,6 +61,8 @@ def test_tp2_matches_tp1_greedy_with_speculation(tp2_engine, engine, prompts):
         assert g.text == w.text
     assert tp2_engine.policy.mode_counts.get("decoupled", 0) > 0
     assert tp2_engine.spec_metrics.num_drafts > 0, tp2_engine.spec_metrics.as_dict()
+    # Accepted drafts too (their K/V written on both ranks): the policy's warm-up always has decoupled steps.
+    assert tp2_engine.spec_metrics.num_accepted_tokens > 0, tp2_engine.spec_metrics.as_dict()
     # The worker group holds the same number of KV blocks on both ranks and released them all.
     assert tp2_engine.block_manager.usage == 0.0
 

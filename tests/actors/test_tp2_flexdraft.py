@@ -64,4 +64,3 @@ def test_tp2_flexdraft_matches_tp1_greedy(tp2_flexdraft_engine, engine):
     assert modes.get("decoupled", 0) + modes.get("parallel", 0) > 0, modes
     assert tp2_flexdraft_engine.spec_metrics.num_drafts > 0, tp2_flexdraft_engine.spec_metrics.as_dict()
     assert tp2_flexdraft_engine.block_manager.usage == 0.0
-    print("MODES", dict(modes), tp2_flexdraft_engine.spec_metrics.as_dict())

@@ -193,8 +193,16 @@ def test_metrics_spec_decode_counters_equal_engine(ngram_engine):
     server = LLMServer(args, engine_factory=lambda _: engine)
     metrics = ServerMetrics("m")
     bodies = [
-        {"model": "m", "prompt": "def fib(n):\n    if n < 2:\n        return n\n    return", "max_tokens": 32},
-        {"model": "m", "messages": [{"role": "user", "content": "Count: one, two, three, four"}], "max_tokens": 24},
+        {
+            "model": "m",
+            "prompt": "def fib(n):\n    if n < 2:\n        return n\n    return",
+            "max_tokens": 32,
+        },
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "Count: one, two, three, four"}],
+            "max_tokens": 24,
+        },
     ]
     counts_before = Counter(engine.policy.mode_counts)
     steps_before = engine.stats.num_steps
