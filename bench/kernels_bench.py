@@ -1,6 +1,6 @@
 """GPU benchmark and large-shape check of the kernels (a script, not collected by pytest).
 
-    TRITON_INTERPRET=0 python tests/kernels/bench_kernels.py [--sweep]
+    TRITON_INTERPRET=0 python -m bench.kernels_bench [--sweep]
 
 Each attention line: Triton time, effective bandwidth (K/V bytes read once) and TFLOP/s, and the max
 abs difference to the torch reference. ``--sweep`` also times other tile configurations.
