@@ -46,7 +46,7 @@ class EngineConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "EngineConfig":
+    def _check(self) -> EngineConfig:
         spec = self.speculative_config
         if spec is not None and spec.draft_tensor_parallel_size not in (None, 1, self.tensor_parallel_size):
             raise ValueError(

@@ -5,7 +5,7 @@ The union is discriminated by ``method``; unknown fields and wrong types fail at
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
@@ -37,7 +37,7 @@ class NgramConfig(_SpecBase):
     prompt_lookup_min: int = Field(1, ge=1, le=32, description="Shortest n-gram to match.")
 
     @model_validator(mode="after")
-    def _min_le_max(self) -> "NgramConfig":
+    def _min_le_max(self) -> NgramConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
         return self
@@ -94,7 +94,7 @@ class FlexDraftConfig(_SpecBase):
 
 
 SpeculativeConfig = Annotated[
-    Union[NgramConfig, DraftModelConfig, DFlashConfig, DSparkConfig, Eagle3Config, MTPConfig, FlexDraftConfig],
+    NgramConfig | DraftModelConfig | DFlashConfig | DSparkConfig | Eagle3Config | MTPConfig | FlexDraftConfig,
     Field(discriminator="method"),
 ]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Optional
 
 import typer
 from pydantic import ValidationError
@@ -41,13 +40,13 @@ def generate(
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass in (0, 1]."),
     top_k: int = typer.Option(-1, help="Top-k; -1 = off."),
-    seed: Optional[int] = typer.Option(None, help="Sampling seed."),
-    stop: Optional[list[str]] = typer.Option(None, help="Stop string (repeatable)."),
+    seed: int | None = typer.Option(None, help="Sampling seed."),
+    stop: list[str] | None = typer.Option(None, help="Stop string (repeatable)."),
     chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the model's chat template."),
     max_model_len: int = typer.Option(2048, help="Max prompt + output tokens."),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | float16"),
-    speculative_config: Optional[str] = typer.Option(
+    speculative_config: str | None = typer.Option(
         None, "--speculative-config", help="JSON, vLLM field names, e.g. '{\"method\": \"ngram\", ...}'."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -90,9 +89,8 @@ def generate(
         "elapsed_s": round(elapsed, 4),
         "output_tokens_per_s": round(out.num_output_tokens / elapsed, 2) if elapsed > 0 else None,
     }
-    spec_metrics = getattr(engine, "spec_metrics", None)
-    if spec_metrics is not None:
-        result["spec_decode"] = spec_metrics.as_dict()
+    if config.speculative_config is not None:
+        result["spec_decode"] = engine.spec_metrics.as_dict()
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")
     else:
@@ -113,15 +111,15 @@ def prepare_model(model: str = typer.Argument("smollm2-135m-instruct", help="Mod
 
 @app.command()
 def serve(
-    config: Optional[str] = typer.Option(
+    config: str | None = typer.Option(
         None, "--config", "-c", help="Serve config file (default: configs/serve.yaml, else the installed copy)."
     ),
-    address: Optional[str] = typer.Option(
+    address: str | None = typer.Option(
         None, help="Ray cluster to use ('auto' = the running one); default: start a new local cluster."
     ),
-    num_cpus: Optional[int] = typer.Option(None, help="CPUs of the local Ray cluster (default: all)."),
-    host: Optional[str] = typer.Option(None, help="Override http_options.host of the config."),
-    port: Optional[int] = typer.Option(None, help="Override http_options.port of the config."),
+    num_cpus: int | None = typer.Option(None, help="CPUs of the local Ray cluster (default: all)."),
+    host: str | None = typer.Option(None, help="Override http_options.host of the config."),
+    port: int | None = typer.Option(None, help="Override http_options.port of the config."),
 ) -> None:
     """Serve the OpenAI API on Ray Serve from a config file; blocks until SIGTERM / Ctrl-C."""
     from pathlib import Path

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class DecodeGraphs:
     def __init__(
         self,
-        runner: "ModelRunner",
+        runner: ModelRunner,
         batch_sizes: list[int],
         query_len: int = 1,
         capture_layers: tuple[int, ...] = (),

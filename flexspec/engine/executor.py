@@ -23,7 +23,7 @@ class Executor(Protocol):
 class LocalExecutor:
     """TP=1 in the calling process."""
 
-    def __init__(self, config) -> None:  # noqa: ANN001 - EngineConfig
+    def __init__(self, config) -> None:
         from flexspec.engine.model_runner import ModelRunner
 
         self.runner = ModelRunner(config)

@@ -111,7 +111,7 @@ class ModelRunner:
                 f"KV cache of {num_blocks} blocks cannot hold one sequence of max_model_len "
                 f"{cfg.max_model_len}; lower max_model_len or raise the memory budget"
             )
-        shape_of = lambda a: (num_blocks, self.block_size, a.num_kv_heads, a.head_dim)  # noqa: E731
+        shape_of = lambda a: (num_blocks, self.block_size, a.num_kv_heads, a.head_dim)
         for a in self.attn_layers:
             a.k_cache = torch.zeros(shape_of(a), dtype=self.dtype, device=self.device)
             a.v_cache = torch.zeros(shape_of(a), dtype=self.dtype, device=self.device)
@@ -185,7 +185,7 @@ class ModelRunner:
         return t(inp.input_ids, torch.int64), meta
 
     @torch.inference_mode()
-    def forward(self, inp: ModelInput, side=None) -> tuple[torch.Tensor, list[torch.Tensor]]:  # noqa: ANN001
+    def forward(self, inp: ModelInput, side=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run the model; returns (logits [N, V] fp32 for ``logits_indices``, captured hidden [T, H] each).
 
         ``side`` (a ``SideStream``) adds tokens that join at a later layer (FlexDraft parallel mode).

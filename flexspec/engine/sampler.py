@@ -36,7 +36,7 @@ class SamplingMetadata:
         rows: list[tuple[float, float, int, int, int]],  # (temperature, top_p, top_k, seed, offset)
         device: torch.device,
         max_num_logprobs: int | None = None,
-    ) -> "SamplingMetadata":
+    ) -> SamplingMetadata:
         temps = [r[0] for r in rows]
         return cls(
             temperature=torch.tensor(temps, dtype=torch.float32).to(device, non_blocking=True),

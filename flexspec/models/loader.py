@@ -58,7 +58,8 @@ def resolve_model_dir(model: str) -> Path:
             raise ModelLoadError(f"{path} has no *.safetensors weights")
         return path
     raise ModelNotFoundError(
-        f"unknown model {model!r}: not a built-in id ({', '.join(BUILTIN_MODELS)}), folder or .gguf file"
+        f"unknown model {model!r}: not a built-in model ({', '.join(BUILTIN_MODELS)}) or drafter "
+        f"({', '.join(BUILTIN_DRAFTERS)}), folder or .gguf file"
     )
 
 
@@ -73,7 +74,7 @@ def _gguf_to_folder(gguf: Path, name: str) -> Path:
     try:
         hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    except Exception as e:  # noqa: BLE001 - surface the reader's message with the file named
+    except Exception as e:
         raise ModelLoadError(f"could not read GGUF file {gguf}: {e}") from e
     # A GGUF-loaded model is already dense; drop the quantizer so save_pretrained writes plain tensors.
     hf.hf_quantizer = None
@@ -156,7 +157,7 @@ def load_weights(model: nn.Module, folder: Path, strip_prefixes: tuple[str, ...]
                     loaded.add(name if shard_id is None else f"{name}#{shard_id}")
         except ModelLoadError:
             raise
-        except Exception as e:  # noqa: BLE001 - safetensors raises several types for corrupt files
+        except Exception as e:
             raise ModelLoadError(f"corrupt or unreadable weight file {file}: {e}") from e
     loaded_params = {n.split("#")[0] for n in loaded}
     missing = [n for n in params if n not in loaded_params and not (tied and n == "lm_head.weight")]

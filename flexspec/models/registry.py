@@ -76,7 +76,7 @@ BUILTIN_MODELS = {
 }
 
 
-def _packaged_drafter(name: str):  # noqa: ANN202
+def _packaged_drafter(name: str):
     def resolve() -> Path:
         from importlib.resources import files
 

@@ -37,7 +37,7 @@ class ModelSpec:
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> "ModelSpec":
+    def from_hf(cls, cfg: dict[str, Any]) -> ModelSpec:
         if "text_config" in cfg and "num_hidden_layers" not in cfg:  # multimodal wrapper (Gemma 3 4B+)
             cfg = {**cfg["text_config"], "architectures": cfg.get("architectures", [])}
         archs = cfg.get("architectures") or []

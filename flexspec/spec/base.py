@@ -56,7 +56,7 @@ class Drafter(ABC):
 
     method: ClassVar[str]
 
-    def __init__(self, config, runner: "ModelRunner") -> None:  # noqa: ANN001 - one of configs.speculative
+    def __init__(self, config, runner: ModelRunner) -> None:
         self.config = config
         self.runner = runner
         self.num_speculative_tokens: int = config.num_speculative_tokens
@@ -70,10 +70,10 @@ class Drafter(ABC):
         """Device memory the drafter holds (weights + caches), counted against the KV-cache budget."""
         return 0
 
-    def begin_step(self, inp):  # noqa: ANN001, ANN201 - ModelInput -> SideStream | None
+    def begin_step(self, inp):
         """Called before the target forward. Drafters that draft inside the target forward (FlexDraft's
         parallel mode) return the ``SideStream`` of tokens to add to it; others return None."""
-        return None
+        return
 
     def allocate(self, num_kv_blocks: int) -> None:
         """Called once after the target's KV cache exists (drafters with their own caches size them here)."""

@@ -34,7 +34,7 @@ class DFlashDrafter(Drafter):
     method = "dflash"
     model_class: ClassVar[type[DFlashDraftModel]] = DFlashDraftModel
 
-    def __init__(self, config, runner) -> None:  # noqa: ANN001 - speculative.DFlashConfig, ModelRunner
+    def __init__(self, config, runner) -> None:
         super().__init__(config, runner)
         self.target = runner.model
         self.device = runner.device

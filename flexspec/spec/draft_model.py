@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flexspec.engine.model_input import ModelInput
-from flexspec.spec.base import DraftProposal, Drafter, SeqDraftInput
+from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput
 from flexspec.spec.registry import register
 
 
@@ -27,7 +27,7 @@ class _DraftSeq:
 class DraftModelDrafter(Drafter):
     method = "draft_model"
 
-    def __init__(self, config, runner) -> None:  # noqa: ANN001
+    def __init__(self, config, runner) -> None:
         super().__init__(config, runner)
         from flexspec.engine.model_runner import ModelRunner
 
@@ -86,8 +86,7 @@ class DraftModelDrafter(Drafter):
             for b in active:
                 st = self.seqs.setdefault(b.seq_id, _DraftSeq())
                 L = len(b.token_ids)
-                if st.num_computed > L - 1:
-                    st.num_computed = L - 1
+                st.num_computed = min(st.num_computed, L - 1)
                 self._ensure_blocks(st, L + b.num_drafts)
                 toks = b.token_ids[st.num_computed : L]
                 inp.input_ids.extend(toks)
@@ -119,11 +118,11 @@ class DraftModelDrafter(Drafter):
                 self._pick(live, logits, drafts, probs, step)
         token_ids = [drafts.get(b.seq_id, []) for b in batch]
         draft_probs = [
-            torch.stack(probs[b.seq_id]) if b.seq_id in probs and probs[b.seq_id] else None for b in batch
+            torch.stack(probs[b.seq_id]) if probs.get(b.seq_id) else None for b in batch
         ]
         return DraftProposal(token_ids=token_ids, draft_probs=draft_probs)
 
-    def _pick(self, items, logits, drafts, probs, step: int) -> None:  # noqa: ANN001
+    def _pick(self, items, logits, drafts, probs, step: int) -> None:
         greedy = logits.argmax(-1).tolist()
         for i, b in enumerate(items):
             if b.temperature > 0:

@@ -23,7 +23,7 @@ from flexspec.spec.registry import register
 class Eagle3Drafter(FeatureChainDrafter):
     method = "eagle3"
 
-    def __init__(self, config, runner) -> None:  # noqa: ANN001 - speculative.Eagle3Config, ModelRunner
+    def __init__(self, config, runner) -> None:
         super().__init__(config, runner)
         self.target = runner.model
         self.device = runner.device

@@ -22,7 +22,7 @@ import torch
 from flexspec.layers.attention import AttentionMetadata
 from flexspec.models.loader import resolve_model_dir
 from flexspec.models.side_stream import SideStream
-from flexspec.spec.base import DraftProposal, Drafter, SeqDraftInput
+from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput
 from flexspec.spec.models.flexdraft_model import FlexDraftModel
 from flexspec.spec.registry import register
 from kernels import expand_mask_groups
@@ -32,7 +32,7 @@ from kernels import expand_mask_groups
 class FlexDraftDrafter(Drafter):
     method = "flexdraft"
 
-    def __init__(self, config, runner) -> None:  # noqa: ANN001
+    def __init__(self, config, runner) -> None:
         super().__init__(config, runner)
         self.model = FlexDraftModel.from_pretrained(resolve_model_dir(config.model), runner.model)
         # Cast parameters only: the tuned attention shares the target's RoPE tables, which must stay fp32.
@@ -86,7 +86,7 @@ class FlexDraftDrafter(Drafter):
         hidden = self.model.mask_embedding.to(self.runner.dtype).expand(G * B, -1)
         return SideStream(start_layer=self.start_layer, hidden=hidden, meta=meta, attn=self.model.attn)
 
-    def begin_step(self, inp):  # noqa: ANN001, ANN201
+    def begin_step(self, inp):
         self._inp, self._groups, self._side = inp, {}, None
         self.last_mode = inp.spec_mode
         if inp.spec_mode != "parallel" or inp.num_speculative_tokens == 0:

@@ -28,7 +28,7 @@ class SpecDecodingMetrics:
         for i in range(num_accepted):
             self.num_accepted_tokens_per_pos[i] += 1
 
-    def merge(self, other: "SpecDecodingMetrics") -> None:
+    def merge(self, other: SpecDecodingMetrics) -> None:
         self.num_drafts += other.num_drafts
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens

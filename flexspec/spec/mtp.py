@@ -26,7 +26,7 @@ _LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "
 class MTPDrafter(FeatureChainDrafter):
     method = "mtp"
 
-    def __init__(self, config, runner) -> None:  # noqa: ANN001 - configs.speculative.MTPConfig, ModelRunner
+    def __init__(self, config, runner) -> None:
         super().__init__(config, runner)
         self.target = runner.model
         self.device = runner.device

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from flexspec.spec.base import DraftProposal, Drafter, SeqDraftInput
+from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput
 from flexspec.spec.registry import register
 
 

@@ -27,7 +27,7 @@ def register(cls: type[Drafter]) -> type[Drafter]:
     return cls
 
 
-def build_drafter(config, runner: "ModelRunner") -> Drafter:  # noqa: ANN001 - configs.speculative model
+def build_drafter(config, runner: ModelRunner) -> Drafter:
     """Instantiate the drafter for ``config.method`` next to ``runner``'s target shard."""
     if config.method not in DRAFTERS:
         if config.method not in _MODULES:

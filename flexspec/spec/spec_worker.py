@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class SpecDecodeWorker:
-    def __init__(self, runner: "ModelRunner", config) -> None:  # noqa: ANN001 - configs.speculative model
+    def __init__(self, runner: ModelRunner, config) -> None:
         self.runner = runner
         self.config = config
         self.drafter = build_drafter(config, runner)

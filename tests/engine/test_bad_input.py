@@ -8,7 +8,12 @@ import pytest
 from pydantic import ValidationError
 
 from configs import EngineConfig, SamplingParams
-from flexspec.errors import ContextLengthExceededError, InvalidRequestError, ModelLoadError, ModelNotFoundError
+from flexspec.errors import (
+    ContextLengthExceededError,
+    InvalidRequestError,
+    ModelLoadError,
+    ModelNotFoundError,
+)
 from flexspec.models.loader import resolve_model_dir
 
 

@@ -36,13 +36,13 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
 
 # ---- shared helpers ----------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
-def reference(engine) -> tuple[list[list[int]], list[list[int]]]:  # noqa: ANN001 - LLMEngine
+def reference(engine) -> tuple[list[list[int]], list[list[int]]]:
     """Four real prompts of mixed lengths (GSM8K, HumanEval x2, MT-Bench) and their plain greedy outputs."""
     prompts = [real_prompts(engine, n_each=2)[i] for i in (0, 2, 3, 4)]
     return prompts, [o.token_ids for o in engine.generate(prompts, GREEDY)]
 
 
-def assert_exact_with_oracle(eng, prompts: list[list[int]], ref: list[list[int]]) -> None:  # noqa: ANN001
+def assert_exact_with_oracle(eng, prompts: list[list[int]], ref: list[list[int]]) -> None:
     """Generate with the drafter's proposals partly replaced by the true continuation (0..k correct leading
     drafts, varying per step, the rest the drafter's own), so that accepted runs of every length, rejections
     at every position and the drafter's multi-row context updates all occur; output must equal ``ref``."""
@@ -69,7 +69,7 @@ def assert_exact_with_oracle(eng, prompts: list[list[int]], ref: list[list[int]]
     assert m.num_drafts > 0 and m.num_accepted_tokens > 0, m.as_dict()
 
 
-def run_drafter(drafter, steps: list[tuple], feats: list[torch.Tensor]) -> list[list[int]]:  # noqa: ANN001
+def run_drafter(drafter, steps: list[tuple], feats: list[torch.Tensor]) -> list[list[int]]:
     """One ``propose`` call. ``steps``: (seq_id, token_ids, committed positions, emitted, num_drafts) per
     sequence; the captured rows are ``feats[j][positions]`` (per capture layer j), packed in order."""
     batch, rows = [], []
@@ -86,7 +86,7 @@ def run_drafter(drafter, steps: list[tuple], feats: list[torch.Tensor]) -> list[
     return drafter.propose(batch, [f.index_select(0, idx) for f in feats]).token_ids
 
 
-def tiny_dflash_config(spec, **overrides) -> DFlashDraftConfig:  # noqa: ANN001 - ModelSpec
+def tiny_dflash_config(spec, **overrides) -> DFlashDraftConfig:
     args = {
         "num_hidden_layers": 1,
         "block_size": 4,
@@ -137,7 +137,7 @@ def test_round_trip_is_identical(engine, dflash_dir, tmp_path):
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def _broken_copy(src: Path, dst: Path, tensors=None, config=None) -> Path:  # noqa: ANN001
+def _broken_copy(src: Path, dst: Path, tensors=None, config=None) -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     state = load_file(src / "model.safetensors")
     cfg = json.loads((src / "config.json").read_text())

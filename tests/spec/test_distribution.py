@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from configs import SamplingParams
-from flexspec.spec.verifier import verify
 from flexspec.engine.sampler import SamplingMetadata
+from flexspec.spec.verifier import verify
 
 
 def _chi2(counts: np.ndarray, probs: np.ndarray) -> float:
@@ -48,7 +48,6 @@ def test_verify_reproduces_target_distribution(probabilistic):
 
 
 def test_engine_sampling_with_speculation_matches_plain_histogram(engine):
-    from tests.conftest import DEFAULT_MODEL
     from tests.spec.conftest import spec_engine
 
     ids = engine.apply_chat_template([{"role": "user", "content": "Say a random color."}])

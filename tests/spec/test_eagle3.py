@@ -21,7 +21,7 @@ from tests.spec.conftest import spec_engine
 from tests.spec.test_dflash import DECOUPLED, assert_exact_with_oracle, reference, run_drafter
 
 
-def check_chain_incremental(drafter, vocab_size: int, hidden_size: int) -> None:  # noqa: ANN001
+def check_chain_incremental(drafter, vocab_size: int, hidden_size: int) -> None:
     """Feature-chain drafters (EAGLE-3, MTP): a prompt fed in two chunks, then a step that commits two
     accepted drafts + bonus, gives the same draft logits as a fresh sequence fed the whole history at once."""
     drafter.allocate(64)

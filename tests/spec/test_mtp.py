@@ -74,7 +74,7 @@ def mtp_tensors(layout: str) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, {"mtp_num_hidden_layers": 1}
 
 
-def with_mtp(tiny_target: Path, dst: Path, layout: str, edit=None) -> Path:  # noqa: ANN001
+def with_mtp(tiny_target: Path, dst: Path, layout: str, edit=None) -> Path:
     """A copy of the tiny target whose checkpoint also holds an MTP module (in a second safetensors file)."""
     shutil.copytree(tiny_target, dst)
     tensors, fields = mtp_tensors(layout)

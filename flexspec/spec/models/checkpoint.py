@@ -67,7 +67,7 @@ def tensor_names(folder: Path) -> list[str]:
         try:
             with safe_open(file, framework="pt", device="cpu") as f:
                 names.extend(f.keys())
-        except Exception as e:  # noqa: BLE001 - safetensors raises several types for corrupt files
+        except Exception as e:
             raise ModelLoadError(f"corrupt or unreadable weight file {file}: {e}") from e
     return names
 
@@ -81,7 +81,7 @@ def read_tensors(folder: Path, keep: Callable[[str], bool] | None = None) -> dic
                 for name in f.keys():  # noqa: SIM118 - a safetensors handle, not a dict
                     if keep is None or keep(name):
                         out[name] = f.get_tensor(name)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise ModelLoadError(f"corrupt or unreadable weight file {file}: {e}") from e
     return out
 

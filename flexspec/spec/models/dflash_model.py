@@ -159,7 +159,7 @@ class DFlashDecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_dense(self, x, ctx, q_pos, ctx_pos, visible) -> torch.Tensor:  # noqa: ANN001 - as attention
+    def forward_dense(self, x, ctx, q_pos, ctx_pos, visible) -> torch.Tensor:
         x = x + self.self_attn.forward_dense(self.input_layernorm(x), ctx, q_pos, ctx_pos, visible)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -210,7 +210,7 @@ class DFlashDraftModel(nn.Module):
         """Attention cores whose ``k_cache``/``v_cache`` hold the context K/V (bind a paged cache to them)."""
         return [layer.self_attn.attn for layer in self.layers]
 
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - nn.Module hook
+    def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
         self.rotary.cos, self.rotary.sin = self.rotary.cos.float(), self.rotary.sin.float()  # RoPE stays fp32
         return self

@@ -314,7 +314,7 @@ class Eagle3DraftModel(nn.Module):
     def attention_layers(self) -> list[Attention]:
         return [self.midlayer.self_attn.attn]
 
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - nn.Module hook
+    def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
         self.rotary.cos, self.rotary.sin = self.rotary.cos.float(), self.rotary.sin.float()  # RoPE stays fp32
         if self.d2t is not None:

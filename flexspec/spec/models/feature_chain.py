@@ -43,7 +43,7 @@ class FeatureChainDrafter(Drafter):
     cache: DraftKVCache
     device: torch.device
 
-    def __init__(self, config, runner) -> None:  # noqa: ANN001
+    def __init__(self, config, runner) -> None:
         super().__init__(config, runner)
         self.seqs: dict[int, _ChainSeq] = {}
 

@@ -52,7 +52,7 @@ class FlexDraftModelConfig:
         return {"architectures": ["FlexDraftModel"], "flexdraft_config": d}
 
     @classmethod
-    def from_json(cls, cfg: dict, source: str) -> "FlexDraftModelConfig":
+    def from_json(cls, cfg: dict, source: str) -> FlexDraftModelConfig:
         if cfg.get("architectures") != ["FlexDraftModel"]:
             raise ModelLoadError(f"{source}: config.json architectures must be ['FlexDraftModel']")
         fields = {n: config_field(cfg, f"flexdraft_config.{n}", int, source) for n in cls.__dataclass_fields__}
@@ -127,7 +127,7 @@ class FlexDraftModel(nn.Module):
     @classmethod
     def init_for_target(
         cls, target: LlamaForCausalLM, split_layer: int, block_size: int = 16, calibration_hidden_size: int = 1024
-    ) -> "FlexDraftModel":
+    ) -> FlexDraftModel:
         """A fresh drafter: tuned projections copied from the target's layers, zero calibration output."""
         spec = target.spec
         cfg = FlexDraftModelConfig(
@@ -190,7 +190,7 @@ class FlexDraftModel(nn.Module):
         save_checkpoint(Path(folder), self.cfg.to_json(), state)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, target: LlamaForCausalLM) -> "FlexDraftModel":
+    def from_pretrained(cls, folder: str | Path, target: LlamaForCausalLM) -> FlexDraftModel:
         """Load a checkpoint for ``target`` (TP-sharded like the target through the weight loaders).
 
         Raises:
