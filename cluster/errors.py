@@ -42,7 +42,7 @@ class OverloadedError(FlexspecError):
 
 
 def error_body(
-    message: str, type_: str, param: str | None = None, code: str | int | None = None
+    message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 

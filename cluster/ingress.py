@@ -55,7 +55,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 @app.exception_handler(StarletteHTTPException)
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(error_body(str(exc.detail), type_, None, exc.status_code), exc.status_code)
+    code = "not_found" if exc.status_code == 404 else None  # OpenAI codes are strings (or null)
+    return JSONResponse(error_body(str(exc.detail), type_, None, code), exc.status_code)
 
 
 def _error_response(status: int, body: dict[str, Any], retry_after_s: float | None = None) -> JSONResponse:

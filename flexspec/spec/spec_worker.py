@@ -13,7 +13,7 @@ import torch
 
 from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.sampler import SamplingMetadata
-from flexspec.spec.base import DraftProposal, SeqDraftInput
+from flexspec.spec.base import SeqDraftInput
 from flexspec.spec.registry import build_drafter
 from flexspec.spec.verifier import verify
 
@@ -67,7 +67,7 @@ class SpecDecodeWorker:
         for s in emit_idx:
             self.pending_probs[inp.seq_ids[s]] = proposal.draft_probs[s] if proposal.draft_probs else None
         if out is not None:
-            out.draft_token_ids = _only_emitting(proposal, inp, emit_idx)
+            out.draft_token_ids = [list(proposal.token_ids[s]) for s in emit_idx]
         return out
 
     def _draft_inputs(self, inp: ModelInput, emitted: list[list[int]]) -> list[SeqDraftInput]:
@@ -76,7 +76,7 @@ class SpecDecodeWorker:
         k = 0
         row = 0  # first logits row of the next emitting sequence
         for s, sid in enumerate(inp.seq_ids):
-            ctx, n, d = inp.context_lens[s], inp.query_lens[s], inp.num_draft_tokens[s]
+            ctx, d = inp.context_lens[s], inp.num_draft_tokens[s]
             if ctx == 0 and sid in self.history:  # recomputed after preemption: start over
                 self._forget([sid])
             hist = self.history.setdefault(sid, [])
@@ -115,7 +115,3 @@ def _cumsum(xs: list[int]) -> list[int]:
     for x in xs:
         out.append(out[-1] + x)
     return out
-
-
-def _only_emitting(proposal: DraftProposal, inp: ModelInput, emit_idx: list[int]) -> list[list[int]]:
-    return [list(proposal.token_ids[s]) for s in emit_idx]

@@ -263,7 +263,7 @@ def test_bad_inputs_get_openai_errors(server, client):
     )
     _assert_error(_post(server, "/completions", {"model": m, "prompt": "x" * 70000}), 413)
     resp = httpx.get(f"{server.api}/nothing-here")
-    assert resp.status_code == 404 and "error" in resp.json()
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"  # OpenAI codes are strings
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=msgs)
     with pytest.raises(openai.BadRequestError) as e:
