@@ -52,6 +52,22 @@ class SamplingMetadata:
         )
 
 
+    def select(self, rows: list[int]) -> SamplingMetadata:
+        """The metadata of a subset of rows (e.g. the bonus rows of a verification step)."""
+        idx = torch.tensor(rows, device=self.temperature.device)
+        return SamplingMetadata(
+            temperature=self.temperature[idx],
+            top_p=self.top_p[idx],
+            top_k=self.top_k[idx],
+            seeds=[self.seeds[r] for r in rows],
+            offsets=[self.offsets[r] for r in rows],
+            all_greedy=self.all_greedy,
+            any_greedy=self.any_greedy,
+            need_top_k=self.need_top_k,
+            need_top_p=self.need_top_p,
+        )
+
+
 def apply_top_k_top_p(
     logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, need_k: bool = True, need_p: bool = True
 ) -> torch.Tensor:

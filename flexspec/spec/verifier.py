@@ -44,34 +44,14 @@ def verify(
     draft_rows = [starts[s] + j for s in range(S) for j in range(num_drafts[s])]
     bonus_rows = [starts[s] + num_drafts[s] for s in range(S)]
     rows_t = torch.tensor(bonus_rows, device=device)
-    bonus_meta = SamplingMetadata(
-        temperature=meta.temperature[rows_t],
-        top_p=meta.top_p[rows_t],
-        top_k=meta.top_k[rows_t],
-        seeds=[meta.seeds[r] for r in bonus_rows],
-        offsets=[meta.offsets[r] for r in bonus_rows],
-        all_greedy=meta.all_greedy,
-        any_greedy=meta.any_greedy,
-        need_top_k=meta.need_top_k,
-        need_top_p=meta.need_top_p,
-    )
+    bonus_meta = meta.select(bonus_rows)
     bonus = sample(logits[rows_t], bonus_meta)  # [S]
     if not draft_rows:
         return [[t] for t in bonus.tolist()]
 
     d_idx = torch.tensor(draft_rows, device=device)
     N, V = len(draft_rows), logits.shape[-1]
-    row_meta = SamplingMetadata(
-        temperature=meta.temperature[d_idx],
-        top_p=meta.top_p[d_idx],
-        top_k=meta.top_k[d_idx],
-        seeds=[meta.seeds[r] for r in draft_rows],
-        offsets=[meta.offsets[r] for r in draft_rows],
-        all_greedy=meta.all_greedy,
-        any_greedy=meta.any_greedy,
-        need_top_k=meta.need_top_k,
-        need_top_p=meta.need_top_p,
-    )
+    row_meta = meta.select(draft_rows)
     probs = target_probs(logits[d_idx], row_meta)  # [N, V]
     if meta.all_greedy:
         uniform = torch.zeros(N, dtype=torch.float32, device=device)
