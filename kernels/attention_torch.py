@@ -1,4 +1,7 @@
-"""Vectorized torch path of ``paged_attention`` for CPUs (one batched SDPA call per layer).
+"""Plain-torch paths of ``kernels.attention.paged_attention``: the per-sequence reference, the vectorized
+CPU path, and the argument checks both backends share.
+
+Vectorized torch path of ``paged_attention`` for CPUs (one batched SDPA call per layer).
 
 ``paged_attention_ref`` loops over sequences and is the readable reference; this path pads every sequence
 to the batch's longest context + new tokens, builds one boolean visibility mask [S, 1, n_max, L_max] and
@@ -7,6 +10,8 @@ Semantics are identical (tested against the reference).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -93,3 +98,155 @@ def paged_attention_torch(
     out = torch.zeros_like(q)
     out[rows[valid_q]] = o[valid_q].to(q.dtype)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference (readable, one sequence at a time)
+# ---------------------------------------------------------------------------------------------
+
+
+def paged_attention_ref(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    block_tables: torch.Tensor,  # [S, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [S] int32
+    query_start_loc: torch.Tensor,  # [S + 1] int32
+    positions: torch.Tensor,  # [T] int64
+    scale: float,
+    sliding_window: int | None = None,
+    mask: torch.Tensor | None = None,  # [sum_s n_s * n_s] bool
+    mask_start_loc: torch.Tensor | None = None,  # [S + 1] int64
+    logits_soft_cap: float | None = None,
+) -> torch.Tensor:  # [T, Hq, D]
+    """Plain-torch reference (and CPU path) of :func:`paged_attention`: one sequence at a time.
+
+    Reads sequence lengths on the host (``.tolist()``), so it syncs on GPU tensors.
+    """
+    _check_args(
+        q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
+        sliding_window, mask, mask_start_loc, logits_soft_cap,
+    )  # fmt: skip
+    num_q_heads, head_dim = q.shape[1:]
+    num_kv_heads = k.shape[1]
+    group = num_q_heads // num_kv_heads
+    block_size = k_cache.shape[1]
+    device = q.device
+
+    out = torch.zeros_like(q)
+    starts = query_start_loc.tolist()
+    ctx_lens = context_lens.tolist()
+    mask_starts = mask_start_loc.tolist() if mask_start_loc is not None else None
+    for s, ctx in enumerate(ctx_lens):
+        start, end = starts[s], starts[s + 1]
+        n = end - start
+        if n == 0:
+            continue
+        blocks = block_tables[s, : -(-ctx // block_size)].long()
+        k_ctx = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]  # [ctx, Hkv, D]
+        v_ctx = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]  # [ctx, Hkv, D]
+        keys = torch.cat([k_ctx, k[start:end]]).float().repeat_interleave(group, dim=1)  # [L, Hq, D]
+        values = torch.cat([v_ctx, v[start:end]]).float().repeat_interleave(group, dim=1)  # [L, Hq, D]
+
+        q_pos = positions[start:end]  # [n]
+        k_pos = torch.cat([torch.arange(ctx, device=device), q_pos])  # [L]
+        if mask is None:
+            new_visible = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # [n, n]
+        else:
+            assert mask_starts is not None
+            new_visible = mask[mask_starts[s] : mask_starts[s] + n * n].view(n, n)  # [n, n]
+        ctx_visible = torch.ones(n, ctx, dtype=torch.bool, device=device)  # [n, ctx]
+        visible = torch.cat([ctx_visible, new_visible], dim=1)  # [n, L]
+        if sliding_window is not None:
+            visible = visible & (q_pos[:, None] - k_pos[None, :] < sliding_window)
+
+        scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), keys) * scale  # [Hq, n, L]
+        if logits_soft_cap is not None:
+            scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        probs = probs.masked_fill(~visible.any(dim=-1, keepdim=True), 0.0)  # no key: zeros, not NaN
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
+    return out
+
+
+def _check_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    sliding_window: int | None,
+    mask: torch.Tensor | None,
+    mask_start_loc: torch.Tensor | None,
+    logits_soft_cap: float | None,
+) -> None:
+    """Shape / dtype / layout checks shared by both backends (no tensor values are read)."""
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(
+            f"q must be [T, Hq, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    num_tokens, num_q_heads, head_dim = q.shape
+    if k.shape[0] != num_tokens or k.shape[2] != head_dim:
+        raise ValueError(f"k {tuple(k.shape)} does not match q {tuple(q.shape)}")
+    num_kv_heads = k.shape[1]
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(f"Hq={num_q_heads} must be a multiple of Hkv={num_kv_heads}")
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            "k_cache and v_cache must be [num_blocks, block_size, Hkv, D], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
+        raise ValueError(f"cache [.., .., Hkv, D] = {tuple(k_cache.shape)} does not match k {tuple(k.shape)}")
+    dtypes = {t.dtype for t in (q, k, v, k_cache, v_cache)}
+    if len(dtypes) != 1 or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q, k, v, k_cache, v_cache must share one float dtype, got {dtypes}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension")
+    if block_tables.dim() != 2 or block_tables.dtype != torch.int32:
+        raise ValueError(
+            f"block_tables must be int32 [S, max_blocks], got {block_tables.dtype} "
+            f"{tuple(block_tables.shape)}"
+        )
+    num_seqs = block_tables.shape[0]
+    if block_tables.shape[1] > 0 and block_tables.stride(1) != 1:
+        raise ValueError("block_tables must be contiguous in its last dimension")
+    for name, t, shape, dtype in (
+        ("context_lens", context_lens, (num_seqs,), torch.int32),
+        ("query_start_loc", query_start_loc, (num_seqs + 1,), torch.int32),
+        ("positions", positions, (num_tokens,), torch.int64),
+    ):
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(
+                f"{name} must be a contiguous {dtype} tensor of shape {shape}, got {t.dtype} {tuple(t.shape)}"
+            )
+    if (mask is None) != (mask_start_loc is None):
+        raise ValueError("mask and mask_start_loc must be given together (see pack_masks)")
+    if mask is not None and mask_start_loc is not None:
+        if mask.dim() != 1 or mask.dtype != torch.bool or not mask.is_contiguous():
+            raise ValueError(
+                f"mask must be a packed contiguous 1-D bool tensor, got {mask.dtype} {tuple(mask.shape)}"
+            )
+        if tuple(mask_start_loc.shape) != (num_seqs + 1,) or mask_start_loc.dtype != torch.int64:
+            raise ValueError(
+                f"mask_start_loc must be int64 [S + 1 = {num_seqs + 1}], got "
+                f"{mask_start_loc.dtype} {tuple(mask_start_loc.shape)}"
+            )
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    if logits_soft_cap is not None and not (logits_soft_cap > 0 and math.isfinite(logits_soft_cap)):
+        raise ValueError(f"logits_soft_cap must be a positive finite float or None, got {logits_soft_cap}")
+    tensors = [q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions]
+    tensors += [t for t in (mask, mask_start_loc) if t is not None]
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
