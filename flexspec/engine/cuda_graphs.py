@@ -100,7 +100,9 @@ class DecodeGraphs:
         for s, n in enumerate(inp.query_lens):
             ids.extend(inp.input_ids[r : r + n] + [0] * (q - n))
             last = inp.positions[r + n - 1]
-            pos.extend(inp.positions[r : r + n] + [min(last + 1 + i, self.max_position) for i in range(q - n)])
+            pos.extend(
+                inp.positions[r : r + n] + [min(last + 1 + i, self.max_position) for i in range(q - n)]
+            )
             slots.extend(inp.slot_mapping[r : r + n] + [-1] * (q - n))
             rows.extend(range(s * q, s * q + n))
             r += n
@@ -125,3 +127,77 @@ class DecodeGraphs:
             idx = torch.tensor(rows, device=dev)
             captured = [c[idx] for c in self.captured[bs]]
         return logits, captured
+
+
+class BatchGraphs:
+    """A fixed-shape step function captured as one CUDA graph per batch size (drafters' forwards).
+
+    ``fn(**inputs) -> tuple[Tensor, ...]`` must be free of host syncs and host-to-device copies; every input
+    and output has the batch as its leading dimension. Inputs are declared as ``name -> (trailing shape,
+    dtype, pad value)``; a trailing dimension of a 2-D input may be filled only partly at run time (block
+    tables: columns past a row's context are never read). Rows past the real batch are padded with the pad
+    value, so pads must describe a harmless dummy sequence (e.g. context length 0 or 1, slot -1).
+
+    Args:
+        fn: the step function.
+        inputs: the input declaration (see above).
+        batch_sizes: batch sizes to capture; ``run`` pads a batch up to the next one.
+        device: the CUDA device.
+
+    Raises:
+        RuntimeError: from capture when ``fn`` syncs or copies from the host (callers fall back to eager).
+    """
+
+    def __init__(
+        self,
+        fn,
+        inputs: dict[str, tuple[tuple[int, ...], torch.dtype, int]],
+        batch_sizes: list[int],
+        device: torch.device,
+    ) -> None:
+        self.fn = fn
+        self.batch_sizes = sorted(set(batch_sizes))
+        self.max_bs = self.batch_sizes[-1]
+        self.pads = {name: pad for name, (_, _, pad) in inputs.items()}
+        self.static = {
+            name: torch.full((self.max_bs, *shape), pad, dtype=dtype, device=device)
+            for name, (shape, dtype, pad) in inputs.items()
+        }
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._capture()
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        pool = None
+        for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its memory pool
+            args = {name: buf[:bs] for name, buf in self.static.items()}
+            for _ in range(2):  # warm up (Triton compile) outside the graph
+                self.fn(**args)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[bs] = tuple(self.fn(**args))
+            pool = pool or graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize()
+
+    def can_run(self, batch: int, **inputs: torch.Tensor) -> bool:
+        return batch <= self.max_bs and all(
+            x.dim() == 1 or x.shape[1] <= self.static[name].shape[1] for name, x in inputs.items()
+        )
+
+    def run(self, batch: int, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Copy ``inputs`` (each [batch, ...] on the device) in, replay, return the outputs' first ``batch`` rows
+        (views into static buffers: valid until the next ``run``)."""
+        bs = next(b for b in self.batch_sizes if b >= batch)
+        for name, x in inputs.items():
+            buf = self.static[name]
+            if x.dim() == 1:
+                buf[:batch].copy_(x, non_blocking=True)
+            else:
+                buf[:batch, : x.shape[1]].copy_(x, non_blocking=True)
+            if bs > batch:
+                buf[batch:bs].fill_(self.pads[name])
+        self.graphs[bs].replay()
+        return tuple(o[:batch] for o in self.outputs[bs])

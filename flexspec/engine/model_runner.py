@@ -91,9 +91,10 @@ class ModelRunner:
         The drafter's weights and buffers are counted against the same budget.
         """
         cfg = self.config
+        per_block = self.kv_bytes_per_block()
         if self.spec_worker is not None:
             reserved_bytes += self.spec_worker.drafter.memory_bytes()
-        per_block = self.kv_bytes_per_block()
+            per_block += self.spec_worker.drafter.kv_bytes_per_block()  # a drafter cache sized after ours
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
         elif self.device.type == "cuda":
@@ -138,6 +139,10 @@ class ModelRunner:
                 self.graphs.append(DecodeGraphs(self, sizes, query_len=1 + k, capture_layers=layers))
             except Exception as e:  # noqa: BLE001 - e.g. out of memory for large K x batch: verify eagerly
                 log.warning("verification CUDA graphs not captured (%s); running them eagerly", e)
+            try:
+                self.spec_worker.drafter.capture_graphs(sizes)
+            except Exception as e:  # noqa: BLE001 - the drafter keeps drafting eagerly
+                log.warning("drafter CUDA graphs not captured (%s: %s); drafting eagerly", type(e).__name__, e)
 
     @torch.inference_mode()
     def _profile_peak(self) -> None:

@@ -70,6 +70,11 @@ class Drafter(ABC):
         """Device memory the drafter holds (weights + caches), counted against the KV-cache budget."""
         return 0
 
+    def kv_bytes_per_block(self) -> int:
+        """Bytes of the drafter's own cache per block of the target's KV cache, for a cache sized after the
+        target's (it grows with it); the target sizes its cache with this added to its own per-block cost."""
+        return 0
+
     def begin_step(self, inp):
         """Called before the target forward. Drafters that draft inside the target forward (FlexDraft's
         parallel mode) return the ``SideStream`` of tokens to add to it; others return None."""
@@ -77,6 +82,11 @@ class Drafter(ABC):
 
     def allocate(self, num_kv_blocks: int) -> None:
         """Called once after the target's KV cache exists (drafters with their own caches size them here)."""
+
+    def capture_graphs(self, batch_sizes: list[int]) -> None:
+        """Called after the target's CUDA graphs are captured (GPU, ``enforce_eager`` off): drafters whose
+        drafting forward has a fixed shape per batch size capture it here (see ``BatchGraphs``). Raising
+        leaves the drafter eager."""
 
     @abstractmethod
     def propose(self, batch: list[SeqDraftInput], captured: list[torch.Tensor]) -> DraftProposal:

@@ -20,6 +20,8 @@ from typing import ClassVar
 
 import torch
 
+from flexspec.engine.cuda_graphs import BatchGraphs
+from flexspec.layers.attention import AttentionMetadata
 from flexspec.models.loader import resolve_model_dir
 from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput
 from flexspec.spec.models.checkpoint import read_config
@@ -33,6 +35,9 @@ from kernels import pack_masks
 class DFlashDrafter(Drafter):
     method = "dflash"
     model_class: ClassVar[type[DFlashDraftModel]] = DFlashDraftModel
+    greedy_drafts: ClassVar[bool] = (
+        True  # drafts = argmax of the target head (subclasses may select otherwise)
+    )
 
     def __init__(self, config, runner) -> None:
         super().__init__(config, runner)
@@ -65,6 +70,7 @@ class DFlashDrafter(Drafter):
             device=runner.device,
         )
         self._packed_masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # S -> packed block masks
+        self._graphs: BatchGraphs | None = None  # block forward, captured per batch size on GPU
 
     # ---- Drafter interface --------------------------------------------------------------------------------
     @property
@@ -123,24 +129,73 @@ class DFlashDrafter(Drafter):
         return ready
 
     def _draft(self, items: list[SeqDraftInput]) -> list[list[int]]:
-        """One varlen forward of S blocks -> drafts per sequence."""
-        B, S = self.block_size, len(items)
-        ids: list[int] = []
-        positions: list[list[int]] = []
-        for b in items:
-            L = len(b.token_ids)
-            ids += [b.token_ids[-1]] + [self.model.mask_token_id] * (B - 1)
-            positions.append(list(range(L - 1, L - 1 + B)))
-        ctx_lens = [len(b.token_ids) - 1 for b in items]
-        meta = self.cache.metadata([b.seq_id for b in items], positions, ctx_lens, store=False)
-        meta.mask, meta.mask_start_loc = self._block_masks(S)
-        embeds = self.target.embed_tokens(torch.tensor(ids, device=self.device))  # [S*B, H]
-        if self.model.config.input_embedding_scale != 1.0:
-            embeds = embeds * self.model.config.input_embedding_scale
+        """One varlen forward of S blocks -> drafts per sequence (a CUDA graph replay when captured)."""
+        dev, S = self.device, len(items)
+        bonus = torch.tensor([b.token_ids[-1] for b in items]).to(dev, non_blocking=True)
+        ctx_lens = torch.tensor([len(b.token_ids) - 1 for b in items], dtype=torch.int32).to(
+            dev, non_blocking=True
+        )
+        tables = [self.cache.tables[b.seq_id] for b in items]
+        width = max(len(t) for t in tables) or 1
+        tables_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).to(dev)
+        graphs = self._graphs
+        if graphs is not None and graphs.can_run(S, tables=tables_t):
+            (greedy,) = graphs.run(S, bonus=bonus, ctx_lens=ctx_lens, tables=tables_t)
+            k = self.num_speculative_tokens
+            return [g[: min(b.num_drafts, k)] for b, g in zip(items, greedy.tolist())]
         K = max(min(b.num_drafts, self.num_speculative_tokens) for b in items)
-        hidden = self.model(embeds, meta).view(S, B, -1)[:, 1 : 1 + K]  # [S, K, H] mask positions
+        hidden = self._block_hidden(bonus, ctx_lens, tables_t)[:, :K]  # [S, K, H]
         logits = self.model.compute_logits(hidden.reshape(S * K, -1), self.target.lm_head).view(S, K, -1)
         return self._select(items, hidden, logits)
+
+    def _block_hidden(
+        self, bonus: torch.Tensor, ctx_lens: torch.Tensor, tables: torch.Tensor
+    ) -> torch.Tensor:
+        """Blocks ``[bonus, MASK x (B-1)]`` at positions ctx_len .. ctx_len+B-1 over each sequence's cached
+        context. bonus [S] int64, ctx_lens [S] int32, tables [S, W] int32 (drafter cache) -> hidden of the mask
+        positions [S, B-1, H]. Sync-free (captured in CUDA graphs)."""
+        B, S, dev = self.block_size, bonus.shape[0], bonus.device
+        ids = torch.cat([bonus[:, None], bonus.new_full((S, B - 1), self.model.mask_token_id)], 1).view(-1)
+        positions = (ctx_lens[:, None].long() + torch.arange(B, device=dev)).view(-1)  # [S*B]
+        mask, mask_start_loc = self._block_masks(S)
+        meta = AttentionMetadata(
+            positions=positions,
+            slot_mapping=torch.full_like(positions, -1),  # block K/V are never cached
+            block_tables=tables,
+            context_lens=ctx_lens,
+            query_start_loc=torch.arange(0, (S + 1) * B, B, dtype=torch.int32, device=dev),
+            max_query_len=B,
+            mask=mask,
+            mask_start_loc=mask_start_loc,
+        )
+        embeds = self.target.embed_tokens(ids)  # [S*B, H]
+        if self.model.config.input_embedding_scale != 1.0:
+            embeds = embeds * self.model.config.input_embedding_scale
+        return self.model(embeds, meta).view(S, B, -1)[:, 1:]
+
+    def _greedy_block(
+        self, bonus: torch.Tensor, ctx_lens: torch.Tensor, tables: torch.Tensor
+    ) -> tuple[torch.Tensor]:
+        """``_block_hidden`` + target LM head + argmax -> (drafts [S, B-1] int64,): the captured step."""
+        hidden = self._block_hidden(bonus, ctx_lens, tables)
+        S, n = hidden.shape[:2]
+        logits = self.model.compute_logits(hidden.reshape(S * n, -1), self.target.lm_head)
+        return (logits.argmax(-1).view(S, n),)
+
+    def capture_graphs(self, batch_sizes: list[int]) -> None:
+        if not self.greedy_drafts:
+            return
+        cfg = self.runner.config
+        sizes = [b for b in batch_sizes if b <= cfg.max_num_seqs]
+        width = -(-cfg.max_model_len // cfg.kv_block_size)
+        inputs = {
+            "bonus": ((), torch.int64, 0),
+            "ctx_lens": ((), torch.int32, 0),  # a dummy block reads no context
+            "tables": ((width,), torch.int32, 0),
+        }
+        for S in sizes:  # packed masks are built (host -> device) before capture
+            self._block_masks(S)
+        self._graphs = BatchGraphs(self._greedy_block, inputs, sizes, self.device) if sizes else None
 
     def _block_masks(self, num_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Packed non-causal [B, B] masks of ``num_seqs`` blocks (cached per batch size, on the device)."""

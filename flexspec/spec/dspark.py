@@ -34,6 +34,7 @@ class DSparkDrafter(DFlashDrafter):
     method = "dspark"
     model_class: ClassVar[type[DFlashDraftModel]] = DSparkDraftModel
     model: DSparkDraftModel
+    greedy_drafts: ClassVar[bool] = False  # Markov-biased selection: the block forward stays eager
 
     def _select(
         self, items: list[SeqDraftInput], hidden: torch.Tensor, logits: torch.Tensor

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from flexspec.engine.cuda_graphs import BatchGraphs
 from flexspec.layers.attention import AttentionMetadata
 from flexspec.models.loader import resolve_model_dir
 from flexspec.models.side_stream import SideStream
@@ -46,6 +47,7 @@ class FlexDraftDrafter(Drafter):
         self._inp = None
         self._groups: dict[int, int] = {}  # batch index -> first group row in the side stream
         self._side: SideStream | None = None
+        self._graphs: BatchGraphs | None = None  # decoupled drafting, captured per batch size on GPU
         self.last_mode = "decoupled"
 
     def memory_bytes(self) -> int:
@@ -58,21 +60,16 @@ class FlexDraftDrafter(Drafter):
             core.k_cache, core.v_cache = target_core.k_cache, target_core.v_cache
 
     # ---- side-stream construction -------------------------------------------------------------------------
-    def _side_stream(self, tables: list[list[int]], last_pos: list[int], num_groups: list[int]) -> SideStream:
-        """Mask-token groups for sequences with these block tables: sequence i gets ``num_groups[i]`` groups,
-        group k at positions last_pos[i]+k+1 .. +B with context length last_pos[i]+k+1 (see the module doc).
-        Inputs are expanded on the device by ``kernels.expand_mask_groups`` (Triton on GPU)."""
-        dev, B = self.runner.device, self.block_size
-        width = max(len(t) for t in tables) or 1
-        G = sum(num_groups)
-        g = expand_mask_groups(
-            torch.tensor(last_pos, dtype=torch.int64).to(dev, non_blocking=True),
-            torch.tensor(num_groups, dtype=torch.int32).to(dev, non_blocking=True),
-            torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).to(dev, non_blocking=True),
-            B,
-            G,
-            self.max_position,
-        )
+    def _side_stream(
+        self, last_pos: torch.Tensor, num_groups: torch.Tensor, tables: torch.Tensor, total_groups: int
+    ) -> SideStream:
+        """Mask-token groups on the device: sequence i (last committed position ``last_pos[i]`` [S] int64,
+        block-table row ``tables[i]`` [S, W] int32) gets ``num_groups[i]`` ([S] int32) groups; group k sits at
+        positions last_pos[i]+k+1 .. +B with context length last_pos[i]+k+1 (see the module doc). Expanded by
+        ``kernels.expand_mask_groups`` (Triton on GPU); ``total_groups`` = num_groups.sum() as a host int, so
+        nothing here syncs (the decoupled step is captured in a CUDA graph)."""
+        B = self.block_size
+        g = expand_mask_groups(last_pos, num_groups, tables, B, total_groups, self.max_position)
         meta = AttentionMetadata(
             positions=g.positions,
             slot_mapping=g.slot_mapping,
@@ -83,8 +80,48 @@ class FlexDraftDrafter(Drafter):
             mask=g.mask,  # bidirectional inside each group
             mask_start_loc=g.mask_start_loc,
         )
-        hidden = self.model.mask_embedding.to(self.runner.dtype).expand(G * B, -1)
+        hidden = self.model.mask_embedding.to(self.runner.dtype).expand(total_groups * B, -1)
         return SideStream(start_layer=self.start_layer, hidden=hidden, meta=meta, attn=self.model.attn)
+
+    def _device(self, rows: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(rows, dtype=dtype).to(self.runner.device, non_blocking=True)
+
+    def _tables(self, tables: list[list[int]]) -> torch.Tensor:
+        width = max(len(t) for t in tables) or 1
+        return self._device([t + [0] * (width - len(t)) for t in tables], torch.int32)
+
+    def _calibrated_drafts(
+        self, hidden: torch.Tensor, bonus: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [S, B-1, H] (final-norm mask tokens after the bonus), bonus [S] int64 ->
+        (drafts [S, B-1] int64, verification length [S] int64 >= 1: drafts kept while the cumulative product of
+        their top probabilities stays >= ``verification_threshold``)."""
+        S, n = hidden.shape[:2]
+        logits = self.model.draft_logits(hidden.reshape(S * n, -1), bonus.repeat_interleave(n))  # [S*n, V]
+        probs, tokens = logits.softmax(-1).max(-1)
+        conf = probs.view(S, n).double().cumprod(-1)
+        keep = (conf >= self.threshold).sum(-1).clamp(min=1)
+        return tokens.view(S, n), keep
+
+    def _decoupled_step(
+        self, last_pos: torch.Tensor, tables: torch.Tensor, bonus: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoupled drafting for S sequences: one group each after the bonus (position last_pos + 1), only the
+        tuned layers. last_pos [S] int64, tables [S, W] int32, bonus [S] int64 -> ``_calibrated_drafts``."""
+        S, B = last_pos.shape[0], self.block_size
+        side = self._side_stream(last_pos, torch.ones_like(last_pos, dtype=torch.int32), tables, S)
+        hidden = self.runner.model.forward_side_only(side).view(S, B, -1)[:, 1:]
+        return self._calibrated_drafts(hidden, bonus)
+
+    def capture_graphs(self, batch_sizes: list[int]) -> None:
+        runner = self.runner
+        sizes = [b for b in batch_sizes if b <= runner.config.max_num_seqs]
+        inputs = {
+            "last_pos": ((), torch.int64, 0),
+            "tables": ((runner.max_blocks_per_seq,), torch.int32, 0),
+            "bonus": ((), torch.int64, 0),
+        }
+        self._graphs = BatchGraphs(self._decoupled_step, inputs, sizes, runner.device) if sizes else None
 
     def begin_step(self, inp):
         self._inp, self._groups, self._side = inp, {}, None
@@ -104,7 +141,12 @@ class FlexDraftDrafter(Drafter):
             total += d + 1
         if not tables:
             return None
-        self._side = self._side_stream(tables, last_pos, num_groups)
+        self._side = self._side_stream(
+            self._device(last_pos, torch.int64),
+            self._device(num_groups, torch.int32),
+            self._tables(tables),
+            total,
+        )
         return self._side
 
     # ---- drafting -----------------------------------------------------------------------------------------
@@ -112,9 +154,9 @@ class FlexDraftDrafter(Drafter):
     def propose(self, batch: list[SeqDraftInput], captured: list[torch.Tensor]) -> DraftProposal:
         inp, B = self._inp, self.block_size
         assert inp is not None
-        rows: dict[int, int] = {}  # batch index -> first row of its chosen group in `hidden`
-        pieces: list[torch.Tensor] = []
-        base = 0
+        parallel: dict[
+            int, int
+        ] = {}  # batch index -> first row of its chosen group in the side stream's output
         if self._side is not None and self._side.out is not None:
             for s, first in self._groups.items():
                 item = batch[s]
@@ -122,31 +164,30 @@ class FlexDraftDrafter(Drafter):
                     continue
                 d, n = inp.num_draft_tokens[s], inp.query_lens[s]
                 accepted = item.num_new_committed - (n - d)
-                rows[s] = (first + min(accepted, d)) * B
-            pieces.append(self._side.out)
-            base = self._side.out.shape[0]
-        decoupled = [s for s, item in enumerate(batch) if item.num_drafts > 0 and s not in rows]
+                parallel[s] = (first + min(accepted, d)) * B
+        decoupled = [s for s, item in enumerate(batch) if item.num_drafts > 0 and s not in parallel]
+        results: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []  # (batch indices, drafts, lengths)
+        if parallel:
+            order = sorted(parallel)
+            rows = self._device([parallel[s] + j for s in order for j in range(1, B)], torch.int64)
+            hidden = self._side.out[rows].view(len(order), B - 1, -1)
+            bonus = self._device([batch[s].token_ids[-1] for s in order], torch.int64)
+            results.append((order, *self._calibrated_drafts(hidden, bonus)))
         if decoupled:
-            side = self._side_stream(
-                [inp.block_tables[s] for s in decoupled],
-                [len(batch[s].token_ids) - 2 for s in decoupled],  # the bonus (not yet computed) is at L-1
-                [1] * len(decoupled),
-            )
-            pieces.append(self.runner.model.forward_side_only(side))
-            for k, s in enumerate(decoupled):
-                rows[s] = base + k * B
+            last_pos = self._device(
+                [len(batch[s].token_ids) - 2 for s in decoupled], torch.int64
+            )  # bonus at L-1
+            tables = self._tables([inp.block_tables[s] for s in decoupled])
+            bonus = self._device([batch[s].token_ids[-1] for s in decoupled], torch.int64)
+            graphs = self._graphs
+            if graphs is not None and graphs.can_run(len(decoupled), tables=tables):
+                drafts, keep = graphs.run(len(decoupled), last_pos=last_pos, tables=tables, bonus=bonus)
+            else:
+                drafts, keep = self._decoupled_step(last_pos, tables, bonus)
+            results.append((decoupled, drafts, keep))
         out: list[list[int]] = [[] for _ in batch]
-        if rows:
-            hidden = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-            order = sorted(rows)
-            idx = torch.tensor([rows[s] + j for s in order for j in range(1, B)], device=hidden.device)
-            bonus = torch.tensor([batch[s].token_ids[-1] for s in order for _ in range(1, B)], device=hidden.device)
-            logits = self.model.draft_logits(hidden[idx], bonus)  # [S*(B-1), V]
-            probs, tokens = logits.softmax(-1).max(-1)
-            conf = probs.view(len(order), B - 1).double().cumprod(-1)
-            keep = (conf >= self.threshold).sum(-1).clamp(min=1).tolist()
-            tokens_l = tokens.view(len(order), B - 1).tolist()
-            for k, s in enumerate(order):
-                out[s] = tokens_l[k][: min(keep[k], batch[s].num_drafts)]
+        for order, drafts, keep in results:
+            for s, toks, k in zip(order, drafts.tolist(), keep.tolist()):
+                out[s] = toks[: min(k, batch[s].num_drafts)]
         self._side = None
         return DraftProposal(token_ids=out)

@@ -9,9 +9,19 @@ rank ever decides on its own. Each step the policy picks how to draft for the ne
 
 With ``execution: auto`` it maximises expected emitted tokens per second = E[tokens per step] / step time,
 where E[tokens per step] = 1 + sum_i (per-position acceptance i) from the running acceptance statistics and
-step times are measured online per (mode, batch-size bucket): every option is tried a few times first (the
-warm-up profile), then the best is exploited, and the runner-up is re-measured periodically so the model
-tracks drift. ``disable_by_batch_size`` (vLLM) forces plain decoding above a batch size.
+step times are measured online per (mode, batch-size bucket):
+
+* warm-up: each option is measured ``WARMUP_SAMPLES`` times, at whatever batch size comes first;
+* a bucket not measured yet for a mode borrows the nearest measured bucket's time, scaled by how plain
+  decoding's time changes between the two buckets; so a new batch size does not re-measure every option:
+  only options whose estimate is within ``PLAUSIBLE`` of the best are measured there (the best one is
+  simply used, which measures it);
+* the runner-up is re-measured every ``REEXPLORE_EVERY`` decisions of a bucket if it is plausible, so the
+  model tracks drift.
+
+The first samples of a (mode, bucket) keep their minimum (one-off costs such as a kernel's first compile
+must not set the estimate), later ones an exponential moving average. ``disable_by_batch_size`` (vLLM)
+forces plain decoding above a batch size.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from flexspec.engine.scheduler import SchedulerOutput
 
 WARMUP_SAMPLES = 3  # measurements per (mode, bucket) before the policy trusts it
 REEXPLORE_EVERY = 64  # decisions per bucket between re-measurements of the runner-up
+PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 EMA = 0.2
 
 
@@ -40,7 +51,12 @@ class _Stat:
     seconds: float = 0.0  # EMA of step time
 
     def add(self, t: float) -> None:
-        self.seconds = t if self.n == 0 else (1 - EMA) * self.seconds + EMA * t
+        if self.n == 0:
+            self.seconds = t
+        elif self.n < WARMUP_SAMPLES:
+            self.seconds = min(self.seconds, t)
+        else:
+            self.seconds = (1 - EMA) * self.seconds + EMA * t
         self.n += 1
 
 
@@ -78,12 +94,21 @@ class SpeculationPolicy:
         bucket = batch_bucket(num_seqs)
         count = self.decisions.get(bucket, 0)
         self.decisions[bucket] = count + 1
-        for mode in self.options:  # warm-up profile: measure every option first
-            if self.step_times.get((mode, bucket), _Stat()).n < WARMUP_SAMPLES:
-                return self._count(Decision(mode, 0 if mode == "plain" else k))
-        ranked = sorted(self.options, key=lambda m: self.expected_rate(m, bucket), reverse=True)
-        mode = ranked[1] if count % REEXPLORE_EVERY == REEXPLORE_EVERY - 1 else ranked[0]
-        return self._count(Decision(mode, 0 if mode == "plain" else k))
+        for mode in self.options:  # warm-up: measure every option somewhere first
+            if self.samples(mode) < WARMUP_SAMPLES:
+                return self._decision(mode)
+        rates = {m: self.expected_rate(m, bucket) for m in self.options}
+        ranked = sorted(self.options, key=rates.__getitem__, reverse=True)
+        best = rates[ranked[0]]
+        for mode in ranked[1:]:  # plausible options never measured at this batch size
+            if rates[mode] >= PLAUSIBLE * best and self._measured(mode, bucket) < WARMUP_SAMPLES:
+                return self._decision(mode)
+        if count % REEXPLORE_EVERY == REEXPLORE_EVERY - 1 and rates[ranked[1]] >= PLAUSIBLE * best:
+            return self._decision(ranked[1])
+        return self._decision(ranked[0])
+
+    def _decision(self, mode: str) -> Decision:
+        return self._count(Decision(mode, 0 if mode == "plain" else self.spec.num_speculative_tokens))
 
     def _count(self, d: Decision) -> Decision:
         self.mode_counts[d.mode] = self.mode_counts.get(d.mode, 0) + 1
@@ -94,15 +119,46 @@ class SpeculationPolicy:
             return 1.0
         return 1.0 + sum(self.acceptance[: self.spec.num_speculative_tokens])
 
+    def samples(self, mode: str) -> int:
+        return sum(st.n for (m, _), st in self.step_times.items() if m == mode)
+
+    def _measured(self, mode: str, bucket: int) -> int:
+        stat = self.step_times.get((mode, bucket))
+        return stat.n if stat is not None else 0
+
+    def _nearest(self, mode: str, bucket: int) -> int | None:
+        """The measured bucket of ``mode`` closest to ``bucket`` (log scale; ties -> the larger)."""
+        have = [b for (m, b), st in self.step_times.items() if m == mode and st.n > 0]
+        if not have:
+            return None
+        return min(have, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b))
+
+    def step_time(self, mode: str, bucket: int) -> float | None:
+        """Estimated seconds per step of ``mode`` at ``bucket`` (see the module doc); None if never measured."""
+        near = self._nearest(mode, bucket)
+        if near is None:
+            return None
+        t = self.step_times[(mode, near)].seconds
+        if (
+            near != bucket
+            and mode != "plain"
+            and self._measured("plain", near)
+            and self._measured("plain", bucket)
+        ):
+            t *= self.step_times[("plain", bucket)].seconds / self.step_times[("plain", near)].seconds
+        return t
+
     def expected_rate(self, mode: str, bucket: int) -> float:
         """Expected emitted tokens per second per sequence for ``mode`` at this batch-size bucket."""
-        stat = self.step_times.get((mode, bucket))
-        if stat is None or stat.n == 0:
+        t = self.step_time(mode, bucket)
+        if t is None:
             return float("inf")
-        return self.expected_tokens_per_step(mode) / max(stat.seconds, 1e-9)
+        return self.expected_tokens_per_step(mode) / max(t, 1e-9)
 
     # ---- feedback -------------------------------------------------------------------------------------------
-    def observe(self, mode: str, num_seqs: int, seconds: float, per_position_acceptance: list[float] | None) -> None:
+    def observe(
+        self, mode: str, num_seqs: int, seconds: float, per_position_acceptance: list[float] | None
+    ) -> None:
         """Record one decode step's wall time (steps with prefill chunks are not representative: skip them)."""
         self.step_times.setdefault((mode, batch_bucket(num_seqs)), _Stat()).add(seconds)
         if per_position_acceptance:

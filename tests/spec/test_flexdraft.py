@@ -21,7 +21,9 @@ def flexdraft_ckpt(engine, tmp_path_factory):
     """A FlexDraft checkpoint for the default model: tuned attention initialised from the target's, with
     noise so drafts differ from a copy of the target; calibration non-zero."""
     torch.manual_seed(0)
-    model = FlexDraftModel.init_for_target(engine.executor.runner.model, SPLIT, BLOCK, calibration_hidden_size=64)
+    model = FlexDraftModel.init_for_target(
+        engine.executor.runner.model, SPLIT, BLOCK, calibration_hidden_size=64
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02 * p.float().std().clamp(min=1e-3))
@@ -31,8 +33,13 @@ def flexdraft_ckpt(engine, tmp_path_factory):
 
 
 def _spec(ckpt: str, execution: str, **kw) -> LLMEngine:
-    sc = {"method": "flexdraft", "model": ckpt, "num_speculative_tokens": BLOCK - 1, "execution": execution,
-          "verification_threshold": 0.0}
+    sc = {
+        "method": "flexdraft",
+        "model": ckpt,
+        "num_speculative_tokens": BLOCK - 1,
+        "execution": execution,
+        "verification_threshold": 0.0,
+    }
     return LLMEngine(EngineConfig(device="cpu", max_model_len=512, speculative_config=sc, **kw))
 
 
@@ -69,10 +76,19 @@ def test_group_attention_over_paged_cache_matches_dense_reference(engine, flexdr
     ids = real_prompts(engine, n_each=1)[0][:40]
     T, bs = len(ids), eng.config.kv_block_size
     table = list(range(-(-T // bs)))
-    runner.forward(ModelInput(ids, list(range(T)), [table[i // bs] * bs + i % bs for i in range(T)], [table],
-                              [0], [T], [T - 1]))  # prefill: writes the target's K/V for all tuned layers
+    runner.forward(
+        ModelInput(
+            ids, list(range(T)), [table[i // bs] * bs + i % bs for i in range(T)], [table], [0], [T], [T - 1]
+        )
+    )  # prefill: writes the target's K/V for all tuned layers
     anchors = [5, 17, 30, T - 1]
-    side = drafter._side_stream([table] * len(anchors), anchors, [1] * len(anchors))
+    n = len(anchors)
+    side = drafter._side_stream(
+        torch.tensor(anchors),
+        torch.ones(n, dtype=torch.int32),
+        torch.tensor([table] * n, dtype=torch.int32),
+        n,
+    )
     paged = runner.model.forward_side_only(side)  # [len(anchors) * B, H]
     dense = drafter.model.dense_side_hidden(runner.model, torch.tensor([ids]), torch.tensor([anchors]))[0]
     torch.testing.assert_close(paged, dense, rtol=1e-4, atol=1e-4)
@@ -110,7 +126,9 @@ def test_training_loss_decreases(engine):
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=3e-3)
     losses = []
     for step in range(4):
-        loss, info = model.training_loss(target, ids, mask, num_anchors=4, generator=torch.Generator().manual_seed(0))
+        loss, info = model.training_loss(
+            target, ids, mask, num_anchors=4, generator=torch.Generator().manual_seed(0)
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -52,7 +52,7 @@ def test_stop_string_in_middle_of_accepted_run(engine):
 def test_usage_and_logprobs_count_equal_tokens(engine):
     eng = spec_engine(SELF_DRAFT)
     ids = chat(engine, "Name three colors.")
-    rid = eng.add_request(ids, SamplingParams(max_tokens=20, temperature=0, logprobs=2))
+    eng.add_request(ids, SamplingParams(max_tokens=20, temperature=0, logprobs=2))
     ntok, nlp, text = 0, 0, ""
     while eng.has_unfinished:
         for o in eng.step():
