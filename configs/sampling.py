@@ -20,9 +20,13 @@ class SamplingParams(BaseModel):
     top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 or 0 = all.")
     seed: int | None = Field(None, description="Per-request RNG seed (reproducible sampling).")
     stop: list[str] = Field(default_factory=list, max_length=64, description="Stop strings (not returned).")
-    stop_token_ids: list[int] = Field(default_factory=list, max_length=256, description="Extra stop token ids.")
+    stop_token_ids: list[int] = Field(
+        default_factory=list, max_length=256, description="Extra stop token ids."
+    )
     ignore_eos: bool = Field(False, description="Keep generating past the EOS token.")
-    logprobs: int | None = Field(None, ge=0, le=20, description="Return the chosen token's logprob and top-n.")
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="Return the chosen token's logprob and top-n."
+    )
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -144,7 +144,9 @@ class LLMEngine:
                 p = seq.params
                 for j in range(s.num_draft_tokens + 1):
                     inp.logits_indices.append(first_row + s.num_new_tokens - 1 - s.num_draft_tokens + j)
-                    inp.sampling_rows.append((p.temperature, p.top_p, p.top_k, seq.seed, seq.num_output_tokens + j))
+                    inp.sampling_rows.append(
+                        (p.temperature, p.top_p, p.top_k, seq.seed, seq.num_output_tokens + j)
+                    )
                 if p.logprobs is not None:
                     num_logprobs = max(num_logprobs or 0, p.logprobs)
         inp.num_logprobs = num_logprobs
@@ -200,7 +202,9 @@ class LLMEngine:
             seq.draft_token_ids = [] if seq.is_finished else list(drafts)
         self.spec_metrics.merge(step_metrics)
         if self.policy is not None and all(s.samples for s in sched.scheduled):
-            self.policy.observe(inp.spec_mode, len(sched.scheduled), elapsed, step_metrics.per_position_acceptance)
+            self.policy.observe(
+                inp.spec_mode, len(sched.scheduled), elapsed, step_metrics.per_position_acceptance
+            )
         return outputs
 
     def append_tokens(
@@ -230,7 +234,9 @@ class LLMEngine:
                     seq.stop_reason = min((s for s in p.stop if detok.text.startswith(s, cut)), key=len)
                     detok.text = detok.text[:cut]
                     reason = "stop"
-            if reason is None and (seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len):
+            if reason is None and (
+                seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len
+            ):
                 reason = "length"
             if reason is not None:
                 break
@@ -248,7 +254,9 @@ class LLMEngine:
         seq.num_text_sent = end
         return self._output(seq, new_ids, new_text, new_lps)
 
-    def _output(self, seq: Sequence, new_ids: list[int], new_text: str, lps: list[TokenLogprob]) -> RequestOutput:
+    def _output(
+        self, seq: Sequence, new_ids: list[int], new_text: str, lps: list[TokenLogprob]
+    ) -> RequestOutput:
         return RequestOutput(
             request_id=seq.request_id,
             prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],

@@ -16,7 +16,9 @@ class ModelInput:
     context_lens: list[int]  # [S] tokens cached before this step
     query_lens: list[int]  # [S] new tokens per sequence (sum = T)
     logits_indices: list[int]  # [N] token rows that need logits
-    sampling_rows: list[tuple[float, float, int, int, int]] = field(default_factory=list)  # [N] (T, p, k, seed, off)
+    sampling_rows: list[tuple[float, float, int, int, int]] = field(
+        default_factory=list
+    )  # [N] (T, p, k, seed, off)
     num_logprobs: int | None = None  # max top-logprobs over rows; None = no logprobs
     capture_layers: tuple[int, ...] = ()  # target layers whose outputs the drafter needs
     # Speculative decoding (ignored without a drafter).

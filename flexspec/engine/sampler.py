@@ -51,7 +51,6 @@ class SamplingMetadata:
             max_num_logprobs=max_num_logprobs,
         )
 
-
     def select(self, rows: list[int]) -> SamplingMetadata:
         """The metadata of a subset of rows (e.g. the bonus rows of a verification step)."""
         idx = torch.tensor(rows, device=self.temperature.device)
@@ -114,7 +113,9 @@ def exponential_noise(shape: tuple[int, int], meta: SamplingMetadata, device: to
     """Exp(1) noise [N, V]; row i comes from a generator seeded by (seeds[i], offsets[i])."""
     noise = torch.empty(shape, dtype=torch.float32, device=device)
     for i, (seed, offset) in enumerate(zip(meta.seeds, meta.offsets)):
-        gen = torch.Generator(device=device).manual_seed((seed * _SEED_STRIDE + offset) & 0x7FFF_FFFF_FFFF_FFFF)
+        gen = torch.Generator(device=device).manual_seed(
+            (seed * _SEED_STRIDE + offset) & 0x7FFF_FFFF_FFFF_FFFF
+        )
         noise[i].exponential_(generator=gen)
     return noise
 
@@ -138,5 +139,7 @@ def compute_logprobs(
     """
     logp = torch.log_softmax(logits.float(), dim=-1)
     chosen = logp.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
-    top_vals, top_ids = logp.topk(num_top, dim=-1) if num_top > 0 else (logp[:, :0], token_ids[:, None][:, :0])
+    top_vals, top_ids = (
+        logp.topk(num_top, dim=-1) if num_top > 0 else (logp[:, :0], token_ids[:, None][:, :0])
+    )
     return chosen, top_vals, top_ids

@@ -31,7 +31,9 @@ class Sequence:
     compute the next chunk ``token_ids[num_computed_tokens : num_computed_tokens + n]``.
     """
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int) -> None:
+    def __init__(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int
+    ) -> None:
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)

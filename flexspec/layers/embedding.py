@@ -18,13 +18,17 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size = vocab_size
         self.vocab_start, self.vocab_end = shard_range(vocab_size, tp.rank, tp.size)
         self.shard_sizes = [e - s for s, e in (shard_range(vocab_size, r, tp.size) for r in range(tp.size))]
-        self.weight = nn.Parameter(torch.empty(self.vocab_end - self.vocab_start, hidden_size), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(self.vocab_end - self.vocab_start, hidden_size), requires_grad=False
+        )
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         shard = loaded[self.vocab_start : self.vocab_end]
         if shard.shape != param.shape:
-            raise ValueError(f"embedding: checkpoint shard {tuple(shard.shape)}, expected {tuple(param.shape)}")
+            raise ValueError(
+                f"embedding: checkpoint shard {tuple(shard.shape)}, expected {tuple(param.shape)}"
+            )
         param.data.copy_(shard)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]

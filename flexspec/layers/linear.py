@@ -37,7 +37,9 @@ class LinearBase(nn.Module):
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
     if dst.shape != src.shape:
-        raise ValueError(f"{name}: checkpoint shard has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+        raise ValueError(
+            f"{name}: checkpoint shard has shape {tuple(src.shape)}, expected {tuple(dst.shape)}"
+        )
     dst.copy_(src)
 
 

@@ -21,7 +21,12 @@ class Gemma3DecoderLayer(nn.Module):
         super().__init__()
         scale = (spec.query_pre_attn_scalar or spec.head_dim) ** -0.5
         self.self_attn = LlamaAttention(
-            spec, tp, rotary, scale=scale, sliding_window=spec.sliding_window if sliding else None, norm_offset=True
+            spec,
+            tp,
+            rotary,
+            scale=scale,
+            sliding_window=spec.sliding_window if sliding else None,
+            norm_offset=True,
         )
         self.mlp = LlamaMLP(spec, tp, act=GeluTanhAndMul())
         eps = spec.rms_norm_eps

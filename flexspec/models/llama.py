@@ -51,7 +51,11 @@ class LlamaAttention(nn.Module):
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split(
-            [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
+            [
+                self.num_heads * self.head_dim,
+                self.num_kv_heads * self.head_dim,
+                self.num_kv_heads * self.head_dim,
+            ],
             dim=-1,
         )
         q = q.view(T, self.num_heads, self.head_dim)  # [T, Hq, D]
@@ -151,7 +155,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.tp = tp
-        rotary = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings, spec.rope_theta, spec.rope_scaling)
+        rotary = RotaryEmbedding(
+            spec.head_dim, spec.max_position_embeddings, spec.rope_theta, spec.rope_scaling
+        )
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, tp)
         self.layers = nn.ModuleList(LlamaDecoderLayer(spec, tp, rotary) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)

@@ -44,7 +44,9 @@ def resolve_model_dir(model: str) -> Path:
     if path.is_file() and path.suffix == ".gguf":
         return _gguf_to_folder(path, name=path.stem)
     if path.is_file() and path.suffix in PICKLE_SUFFIXES:
-        raise ModelLoadError(f"refusing pickle checkpoint {path}: only safetensors or GGUF weights are loaded")
+        raise ModelLoadError(
+            f"refusing pickle checkpoint {path}: only safetensors or GGUF weights are loaded"
+        )
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} has no config.json")
@@ -142,13 +144,17 @@ def load_weights(model: nn.Module, folder: Path, strip_prefixes: tuple[str, ...]
                             break
                     param = params.get(name)
                     if param is None:
-                        raise ModelLoadError(f"{file.name}: checkpoint tensor {ckpt_name!r} has no matching parameter")
+                        raise ModelLoadError(
+                            f"{file.name}: checkpoint tensor {ckpt_name!r} has no matching parameter"
+                        )
                     tensor = f.get_tensor(ckpt_name).to(param.dtype)
                     loader = getattr(param, "weight_loader", None)
                     try:
                         if loader is None:
                             if param.shape != tensor.shape:
-                                raise ValueError(f"shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+                                raise ValueError(
+                                    f"shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+                                )
                             param.data.copy_(tensor)
                         else:
                             loader(param, tensor, shard_id)

@@ -48,7 +48,9 @@ class ModelSpec:
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or None
         rope_theta = cfg.get("rope_theta")
         rope_local = cfg.get("rope_local_base_freq")
-        if isinstance(rope, dict) and "full_attention" in rope:  # per-layer-type rope (transformers 5, Gemma 3)
+        if (
+            isinstance(rope, dict) and "full_attention" in rope
+        ):  # per-layer-type rope (transformers 5, Gemma 3)
             rope_local = rope.get("sliding_attention", {}).get("rope_theta", rope_local)
             rope = rope["full_attention"]
         if isinstance(rope, dict):

@@ -24,7 +24,9 @@ class SpecDecodingMetrics:
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
         if len(self.num_accepted_tokens_per_pos) < num_draft_tokens:
-            self.num_accepted_tokens_per_pos.extend([0] * (num_draft_tokens - len(self.num_accepted_tokens_per_pos)))
+            self.num_accepted_tokens_per_pos.extend(
+                [0] * (num_draft_tokens - len(self.num_accepted_tokens_per_pos))
+            )
         for i in range(num_accepted):
             self.num_accepted_tokens_per_pos[i] += 1
 

@@ -50,9 +50,7 @@ class SpecDecodeWorker:
         out: ModelOutput | None = None
         if runner.tp.is_first:
             qsl = _cumsum(inp.query_lens)
-            drafts = [
-                inp.input_ids[qsl[s + 1] - inp.num_draft_tokens[s] : qsl[s + 1]] for s in emit_idx
-            ]
+            drafts = [inp.input_ids[qsl[s + 1] - inp.num_draft_tokens[s] : qsl[s + 1]] for s in emit_idx]
             probs = [self.pending_probs.get(inp.seq_ids[s]) for s in emit_idx]
             meta = SamplingMetadata.build(inp.sampling_rows, runner.device, inp.num_logprobs)
             emitted = verify(logits, meta, num_drafts, drafts, probs) if emit_idx else []

@@ -55,7 +55,9 @@ class FlexDraftModelConfig:
     def from_json(cls, cfg: dict, source: str) -> FlexDraftModelConfig:
         if cfg.get("architectures") != ["FlexDraftModel"]:
             raise ModelLoadError(f"{source}: config.json architectures must be ['FlexDraftModel']")
-        fields = {n: config_field(cfg, f"flexdraft_config.{n}", int, source) for n in cls.__dataclass_fields__}
+        fields = {
+            n: config_field(cfg, f"flexdraft_config.{n}", int, source) for n in cls.__dataclass_fields__
+        }
         out = cls(**fields)
         tuned = cfg["flexdraft_config"].get("tuned_layer_ids")
         if tuned is not None and tuned != out.tuned_layer_ids:
@@ -86,7 +88,9 @@ class FlexDraftModel(nn.Module):
     def __init__(self, cfg: FlexDraftModelConfig, target: LlamaForCausalLM) -> None:
         super().__init__()
         if not isinstance(target, LlamaForCausalLM):
-            raise ModelLoadError(f"FlexDraft supports Llama-family targets (Llama/Qwen2/Qwen3), got {type(target).__name__}")
+            raise ModelLoadError(
+                f"FlexDraft supports Llama-family targets (Llama/Qwen2/Qwen3), got {type(target).__name__}"
+            )
         spec = target.spec
         mismatch = [
             (name, getattr(cfg, name), want)
@@ -102,7 +106,9 @@ class FlexDraftModel(nn.Module):
         ]
         if mismatch:
             name, got, want = mismatch[0]
-            raise ModelLoadError(f"FlexDraft checkpoint was made for another target: {name} = {got}, target has {want}")
+            raise ModelLoadError(
+                f"FlexDraft checkpoint was made for another target: {name} = {got}, target has {want}"
+            )
         self.cfg = cfg
         self._target = [target]  # list: keep it out of this module's parameters / state_dict
         self.layers = nn.ModuleList(
@@ -126,7 +132,11 @@ class FlexDraftModel(nn.Module):
     # ---- construction / checkpoints -----------------------------------------------------------------------
     @classmethod
     def init_for_target(
-        cls, target: LlamaForCausalLM, split_layer: int, block_size: int = 16, calibration_hidden_size: int = 1024
+        cls,
+        target: LlamaForCausalLM,
+        split_layer: int,
+        block_size: int = 16,
+        calibration_hidden_size: int = 1024,
     ) -> FlexDraftModel:
         """A fresh drafter: tuned projections copied from the target's layers, zero calibration output."""
         spec = target.spec
@@ -211,12 +221,18 @@ class FlexDraftModel(nn.Module):
         try:
             with torch.no_grad():
                 _copy(model.mask_embedding, tensors["mask_embedding"], "mask_embedding")
-                _copy(model.calibration.fc1.weight, tensors["calibration.fc1.weight"], "calibration.fc1.weight")
-                _copy(model.calibration.fc2.weight, tensors["calibration.fc2.weight"], "calibration.fc2.weight")
+                _copy(
+                    model.calibration.fc1.weight, tensors["calibration.fc1.weight"], "calibration.fc1.weight"
+                )
+                _copy(
+                    model.calibration.fc2.weight, tensors["calibration.fc2.weight"], "calibration.fc2.weight"
+                )
                 for layer, i in zip(model.layers, cfg.tuned_layer_ids):
                     a, pre = layer.self_attn, f"layers.{i}.self_attn."
                     for sid in ("q", "k", "v"):
-                        a.qkv_proj.weight_loader(a.qkv_proj.weight, tensors[f"{pre}{sid}_proj.weight"].float(), sid)
+                        a.qkv_proj.weight_loader(
+                            a.qkv_proj.weight, tensors[f"{pre}{sid}_proj.weight"].float(), sid
+                        )
                     a.o_proj.weight_loader(a.o_proj.weight, tensors[pre + "o_proj.weight"].float())
                     if a.q_norm is not None:
                         _copy(a.q_norm.weight, tensors[pre + "q_norm.weight"], pre + "q_norm.weight")
@@ -281,15 +297,19 @@ class FlexDraftModel(nn.Module):
         jj = j.repeat(num_anchors).unsqueeze(0).expand(B, M)
         valid = (jj >= 1) & (pos < T) & loss_mask.gather(1, label_pos)
         w = torch.exp(-(jj.float() - 1).clamp(min=0) / gamma) * valid
-        ce = F.cross_entropy(logits.float().reshape(B * M, -1), labels.reshape(-1), reduction="none").view(B, M)
+        ce = F.cross_entropy(logits.float().reshape(B * M, -1), labels.reshape(-1), reduction="none").view(
+            B, M
+        )
         loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
         with torch.no_grad():
             correct = (logits.argmax(-1) == labels) & valid
             acc = torch.stack(
-                [correct[jj == i].float().sum() / valid[jj == i].float().sum().clamp(min=1) for i in range(1, Bk)]
+                [
+                    correct[jj == i].float().sum() / valid[jj == i].float().sum().clamp(min=1)
+                    for i in range(1, Bk)
+                ]
             )
         return loss, {"acc_per_pos": acc, "num_labels": valid.sum()}
-
 
     def dense_side_hidden(
         self,
@@ -304,12 +324,16 @@ class FlexDraftModel(nn.Module):
         Bk = self.cfg.block_size
         dev = input_ids.device
         with torch.no_grad():
-            ctx_kv = _dense_target_kv(target, input_ids, self.cfg.split_layer)  # per tuned layer [B, T, Hkv, D]
+            ctx_kv = _dense_target_kv(
+                target, input_ids, self.cfg.split_layer
+            )  # per tuned layer [B, T, Hkv, D]
         j = torch.arange(Bk, device=dev)
         pos = (anchors.unsqueeze(-1) + 1 + j).reshape(B, -1)  # [B, M]
         M = A * Bk
         group = torch.arange(A, device=dev).repeat_interleave(Bk)  # [M]
-        ctx_vis = torch.arange(T, device=dev).view(1, 1, T) <= anchors.repeat_interleave(Bk, dim=1).unsqueeze(-1)
+        ctx_vis = torch.arange(T, device=dev).view(1, 1, T) <= anchors.repeat_interleave(Bk, dim=1).unsqueeze(
+            -1
+        )
         own_vis = (group.view(M, 1) == group.view(1, M)).unsqueeze(0).expand(B, M, M)
         visible = torch.cat([ctx_vis, own_vis], dim=-1).unsqueeze(1)  # [B, 1, M, T + M]
         max_pos = target.spec.max_position_embeddings - 1
@@ -333,7 +357,9 @@ class FlexDraftModel(nn.Module):
             keys = torch.cat([ck, k.view(B, M, a.num_kv_heads, a.head_dim)], dim=1).transpose(1, 2)
             vals = torch.cat([cv, v], dim=1).transpose(1, 2)
             qh = q.view(B, M, a.num_heads, a.head_dim).transpose(1, 2)
-            o = F.scaled_dot_product_attention(qh, keys, vals, attn_mask=visible, scale=a.attn.scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qh, keys, vals, attn_mask=visible, scale=a.attn.scale, enable_gqa=True
+            )
             o = a.o_proj(o.transpose(1, 2).reshape(B, M, -1))  # [B, M, H]
             o, sres = tl.post_attention_layernorm.forward_residual(o, sres)
             sx = tl.mlp(o)
