@@ -54,8 +54,17 @@ class DFlashConfig(_SpecBase):
     """DFlash block-diffusion drafter (arXiv 2602.06036) fed with target hidden states."""
 
     method: Literal["dflash"] = "dflash"
-    model: str = Field(..., description="Folder of a DFlashDraftModel checkpoint (config.json + safetensors).")
+    model: str = Field(
+        ..., description="Folder of a DFlashDraftModel checkpoint (config.json + safetensors)."
+    )
     num_speculative_tokens: int = Field(15, ge=1, le=64, description="Drafts per step (block size - 1).")
+    verification_threshold: float = Field(
+        0.01,
+        ge=0.0,
+        le=1.0,
+        description="Selective verification: verify drafts while the cumulative product of their drafter "
+        "probabilities stays >= this (0 = verify all).",
+    )
 
 
 class DSparkConfig(DFlashConfig):
@@ -63,7 +72,10 @@ class DSparkConfig(DFlashConfig):
 
     method: Literal["dspark"] = "dspark"  # type: ignore[assignment]
     confidence_threshold: float = Field(
-        0.0, ge=0.0, le=1.0, description="Stop verifying after the first draft whose confidence is below this."
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Stop verifying after the first draft whose confidence is below this.",
     )
 
 
@@ -89,7 +101,10 @@ class FlexDraftConfig(_SpecBase):
     model: str = Field(..., description="Folder of a FlexDraft checkpoint (tuned layers + calibration).")
     num_speculative_tokens: int = Field(15, ge=1, le=64, description="Drafts per step (block size - 1).")
     verification_threshold: float = Field(
-        0.01, ge=0.0, le=1.0, description="Selective verification: keep drafts while cumulative confidence >= this."
+        0.01,
+        ge=0.0,
+        le=1.0,
+        description="Selective verification: keep drafts while cumulative confidence >= this.",
     )
 
 

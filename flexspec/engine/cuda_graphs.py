@@ -28,6 +28,7 @@ class DecodeGraphs:
         batch_sizes: list[int],
         query_len: int = 1,
         capture_layers: tuple[int, ...] = (),
+        pool=None,  # a graph memory pool to share (``DecodeGraphs.pool`` of a larger capture)
     ) -> None:
         self.runner = runner
         self.q = query_len
@@ -47,7 +48,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # bs -> [bs*q, V]
         self.captured: dict[int, list[torch.Tensor]] = {}  # bs -> [bs*q, H] per capture layer
-        self.pool = None
+        self.pool = pool
         self._capture()
 
     def _meta(self, bs: int) -> AttentionMetadata:

@@ -23,6 +23,15 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def verification_query_lens(num_speculative_tokens: int) -> list[int]:
+    """Query lengths that get verification graphs: powers of two below 1 + K, and 1 + K (K=15: 2, 4, 8, 16)."""
+    lens, q = [], 2
+    while q < 1 + num_speculative_tokens:
+        lens.append(q)
+        q *= 2
+    return [*lens, 1 + num_speculative_tokens]
+
+
 def resolve_device(config: EngineConfig) -> torch.device:
     if config.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -47,7 +56,9 @@ class ModelRunner:
         extra_kv_bytes: bytes reserved outside the KV cache (e.g. a drafter's weights and buffers).
     """
 
-    def __init__(self, config: EngineConfig, tp: TPGroup | None = None, device: torch.device | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, tp: TPGroup | None = None, device: torch.device | None = None
+    ) -> None:
         self.config = config
         self.tp = tp or TPGroup()
         self.device = device or resolve_device(config)
@@ -124,7 +135,9 @@ class ModelRunner:
         return num_blocks
 
     def capture_cuda_graphs(self) -> None:
-        """Capture decode graphs (1 token per sequence) and, with a drafter, verification graphs (1 + K)."""
+        """Capture decode graphs (1 token per sequence) and, with a drafter, verification graphs for query
+        lengths 2, 4, 8, ... up to 1 + K (selective verification sends fewer drafts: a step replays the smallest
+        graph its longest query fits), then the drafter's own graphs."""
         sizes = self.config.cuda_graph_batch_sizes
         try:
             self.graphs = [DecodeGraphs(self, sizes)]
@@ -132,17 +145,26 @@ class ModelRunner:
             log.warning("decode CUDA graphs not captured (%s: %s); running eagerly", type(e).__name__, e)
             self.graphs = []
             return
-        if self.spec_worker is not None:
-            k = self.spec_worker.drafter.num_speculative_tokens
-            layers = tuple(self.spec_worker.drafter.capture_layers)
+        if self.spec_worker is None:
+            return
+        drafter = self.spec_worker.drafter
+        layers = tuple(drafter.capture_layers)
+        pool = None
+        for q in reversed(verification_query_lens(drafter.num_speculative_tokens)):  # largest first: one pool
             try:
-                self.graphs.append(DecodeGraphs(self, sizes, query_len=1 + k, capture_layers=layers))
+                graphs = DecodeGraphs(self, sizes, query_len=q, capture_layers=layers, pool=pool)
             except Exception as e:  # noqa: BLE001 - e.g. out of memory for large K x batch: verify eagerly
-                log.warning("verification CUDA graphs not captured (%s); running them eagerly", e)
-            try:
-                self.spec_worker.drafter.capture_graphs(sizes)
-            except Exception as e:  # noqa: BLE001 - the drafter keeps drafting eagerly
-                log.warning("drafter CUDA graphs not captured (%s: %s); drafting eagerly", type(e).__name__, e)
+                log.warning(
+                    "verification CUDA graphs (query length %d) not captured (%s); eager instead", q, e
+                )
+                continue
+            pool = graphs.pool
+            self.graphs.append(graphs)
+        self.graphs.sort(key=lambda g: g.q)  # forward() replays the first graph that fits
+        try:
+            drafter.capture_graphs(sizes)
+        except Exception as e:  # noqa: BLE001 - the drafter keeps drafting eagerly
+            log.warning("drafter CUDA graphs not captured (%s: %s); drafting eagerly", type(e).__name__, e)
 
     @torch.inference_mode()
     def _profile_peak(self) -> None:
@@ -220,7 +242,9 @@ class ModelRunner:
             self.attach_logprobs(out, logits, list(range(len(out.token_ids))), inp.num_logprobs)
         return out
 
-    def attach_logprobs(self, out: ModelOutput, logits: torch.Tensor, first_rows: list[int], num_top: int) -> None:
+    def attach_logprobs(
+        self, out: ModelOutput, logits: torch.Tensor, first_rows: list[int], num_top: int
+    ) -> None:
         """Fill ``out.logprobs`` / ``out.top_logprobs``: emitted token j of sequence i was chosen from logits
         row ``first_rows[i] + j`` (logits [N, V])."""
         rows = [r0 + j for r0, toks in zip(first_rows, out.token_ids) for j in range(len(toks))]

@@ -97,3 +97,11 @@ class Drafter(ABC):
 
     def free(self, seq_ids: list[int]) -> None:
         """Forget per-sequence state (finished, aborted or preempted sequences)."""
+
+
+def confident_prefix_len(top_probs: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Selective verification (FlexDraft, arXiv 2605.20022): top_probs [S, n] (each draft's probability under
+    the drafter) -> drafts worth verifying [S] int64: the longest prefix whose cumulative product stays >=
+    ``threshold``, at least 1. Sync-free."""
+    conf = top_probs.double().cumprod(-1)  # non-increasing, so the count is a prefix length
+    return (conf >= threshold).sum(-1).clamp(min=1)

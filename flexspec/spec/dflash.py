@@ -8,7 +8,10 @@ Each step, for every sequence of the batch:
 2. *Block*: sequences that want drafts run one block ``[bonus, MASK x (B-1)]`` at positions ``L-1 .. L+B-2``
    over their cached context (non-causal inside the block; block K/V are never cached), all sequences in one
    varlen forward. Drafts = argmax of the target's LM head at the first ``k`` mask positions (deterministic
-   drafts: the verifier's deterministic-draft rule keeps T > 0 exact).
+   drafts: the verifier's deterministic-draft rule keeps T > 0 exact), cut by selective verification: only
+   the prefix whose cumulative draft probability stays >= ``verification_threshold`` is verified.
+
+On GPU the block forward is one CUDA graph per batch size (``BatchGraphs``); the context step stays eager.
 
 ``num_speculative_tokens`` = min(config's, B - 1). Sequences whose context misses positions (cache evicted
 under memory pressure) still draft — worse drafts, same output.
@@ -23,7 +26,7 @@ import torch
 from flexspec.engine.cuda_graphs import BatchGraphs
 from flexspec.layers.attention import AttentionMetadata
 from flexspec.models.loader import resolve_model_dir
-from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput
+from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput, confident_prefix_len
 from flexspec.spec.models.checkpoint import read_config
 from flexspec.spec.models.dflash_model import DFlashDraftModel
 from flexspec.spec.models.draft_kv import DraftKVCache
@@ -140,9 +143,8 @@ class DFlashDrafter(Drafter):
         tables_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).to(dev)
         graphs = self._graphs
         if graphs is not None and graphs.can_run(S, tables=tables_t):
-            (greedy,) = graphs.run(S, bonus=bonus, ctx_lens=ctx_lens, tables=tables_t)
-            k = self.num_speculative_tokens
-            return [g[: min(b.num_drafts, k)] for b, g in zip(items, greedy.tolist())]
+            greedy, keep = graphs.run(S, bonus=bonus, ctx_lens=ctx_lens, tables=tables_t)
+            return self._cut(items, greedy, keep)
         K = max(min(b.num_drafts, self.num_speculative_tokens) for b in items)
         hidden = self._block_hidden(bonus, ctx_lens, tables_t)[:, :K]  # [S, K, H]
         logits = self.model.compute_logits(hidden.reshape(S * K, -1), self.target.lm_head).view(S, K, -1)
@@ -175,12 +177,22 @@ class DFlashDrafter(Drafter):
 
     def _greedy_block(
         self, bonus: torch.Tensor, ctx_lens: torch.Tensor, tables: torch.Tensor
-    ) -> tuple[torch.Tensor]:
-        """``_block_hidden`` + target LM head + argmax -> (drafts [S, B-1] int64,): the captured step."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_block_hidden`` + target LM head -> ``_greedy`` over all B-1 positions: the captured step."""
         hidden = self._block_hidden(bonus, ctx_lens, tables)
         S, n = hidden.shape[:2]
         logits = self.model.compute_logits(hidden.reshape(S * n, -1), self.target.lm_head)
-        return (logits.argmax(-1).view(S, n),)
+        return self._greedy(logits.view(S, n, -1))
+
+    def _greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [S, K, V] -> (argmax drafts [S, K] int64, drafts worth verifying [S] int64, see
+        ``verification_threshold``)."""
+        probs, tokens = logits.softmax(-1).max(-1)
+        return tokens, confident_prefix_len(probs, self.config.verification_threshold)
+
+    def _cut(self, items: list[SeqDraftInput], drafts: torch.Tensor, keep: torch.Tensor) -> list[list[int]]:
+        k = self.num_speculative_tokens
+        return [d[: min(b.num_drafts, k, n)] for b, d, n in zip(items, drafts.tolist(), keep.tolist())]
 
     def capture_graphs(self, batch_sizes: list[int]) -> None:
         if not self.greedy_drafts:
@@ -207,6 +219,6 @@ class DFlashDrafter(Drafter):
     def _select(
         self, items: list[SeqDraftInput], hidden: torch.Tensor, logits: torch.Tensor
     ) -> list[list[int]]:
-        """hidden [S, K, H], logits [S, K, V] fp32 -> greedy drafts, ``min(num_drafts, k)`` per sequence."""
-        greedy = logits.argmax(-1).tolist()  # [S][K]
-        return [g[: min(b.num_drafts, self.num_speculative_tokens)] for b, g in zip(items, greedy)]
+        """hidden [S, K, H], logits [S, K, V] fp32 -> greedy drafts: at most ``num_drafts``, cut by selective
+        verification."""
+        return self._cut(items, *self._greedy(logits))

@@ -23,7 +23,7 @@ from flexspec.engine.cuda_graphs import BatchGraphs
 from flexspec.layers.attention import AttentionMetadata
 from flexspec.models.loader import resolve_model_dir
 from flexspec.models.side_stream import SideStream
-from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput
+from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput, confident_prefix_len
 from flexspec.spec.models.flexdraft_model import FlexDraftModel
 from flexspec.spec.registry import register
 from kernels import expand_mask_groups
@@ -99,9 +99,7 @@ class FlexDraftDrafter(Drafter):
         S, n = hidden.shape[:2]
         logits = self.model.draft_logits(hidden.reshape(S * n, -1), bonus.repeat_interleave(n))  # [S*n, V]
         probs, tokens = logits.softmax(-1).max(-1)
-        conf = probs.view(S, n).double().cumprod(-1)
-        keep = (conf >= self.threshold).sum(-1).clamp(min=1)
-        return tokens.view(S, n), keep
+        return tokens.view(S, n), confident_prefix_len(probs.view(S, n), self.threshold)
 
     def _decoupled_step(
         self, last_pos: torch.Tensor, tables: torch.Tensor, bonus: torch.Tensor

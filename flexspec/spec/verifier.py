@@ -17,10 +17,14 @@ _UNIFORM_SALT = 0x5EED_0001
 _RECOVERY_SALT = 0x5EED_0002
 
 
-def _seeded(shape: tuple[int, ...], seeds: list[int], offsets: list[int], salt: int, kind: str, device) -> torch.Tensor:
+def _seeded(
+    shape: tuple[int, ...], seeds: list[int], offsets: list[int], salt: int, kind: str, device
+) -> torch.Tensor:
     out = torch.empty(shape, dtype=torch.float32, device=device)
     for i, (seed, off) in enumerate(zip(seeds, offsets)):
-        gen = torch.Generator(device=device).manual_seed((seed * _SEED_STRIDE + off + salt) & 0x7FFF_FFFF_FFFF_FFFF)
+        gen = torch.Generator(device=device).manual_seed(
+            (seed * _SEED_STRIDE + off + salt) & 0x7FFF_FFFF_FFFF_FFFF
+        )
         if kind == "uniform":
             out[i].uniform_(generator=gen)
         else:
@@ -35,7 +39,14 @@ def verify(
     draft_token_ids: list[list[int]],  # [S][num_drafts[s]]
     draft_probs: list[torch.Tensor | None] | None = None,  # [S] of [num_drafts[s], V] or None (deterministic)
 ) -> list[list[int]]:
-    """Returns the emitted tokens per sequence: accepted drafts + one recovered or bonus token."""
+    """Returns the emitted tokens per sequence: accepted drafts + one recovered or bonus token.
+
+    All-greedy batches take a host-side path (one argmax over the rows, one transfer): at T=0 a draft is
+    accepted iff it equals the target's argmax, and the first mismatch emits that argmax, exactly what the
+    rejection kernel's greedy rule computes, without materialising [N, V] probabilities.
+    """
+    if meta.all_greedy:
+        return _verify_greedy(logits, num_drafts, draft_token_ids)
     device = logits.device
     S = len(num_drafts)
     starts = [0]
@@ -76,8 +87,26 @@ def verify(
         cu_list.append(cu_list[-1] + d)
     cu = torch.tensor(cu_list, dtype=torch.int32, device=device)
     flat = torch.tensor([t for s in range(S) for t in draft_token_ids[s][: num_drafts[s]]], device=device)
-    greedy = (meta.temperature[rows_t] == 0)
+    greedy = meta.temperature[rows_t] == 0
     out = rejection_sample(
         flat, cu, probs, bonus, greedy, uniform, noise, draft_probs=q, max_spec_len=max(num_drafts)
     )  # [S, max_d + 1]
     return [[t for t in row if t >= 0] for row in out.tolist()]
+
+
+def _verify_greedy(
+    logits: torch.Tensor, num_drafts: list[int], draft_token_ids: list[list[int]]
+) -> list[list[int]]:
+    """Greedy verification (T=0): logits [N, V], sequence s owns num_drafts[s] + 1 consecutive rows."""
+    target = logits.argmax(dim=-1).tolist()  # [N]
+    out: list[list[int]] = []
+    row = 0
+    for d, drafts in zip(num_drafts, draft_token_ids):
+        emitted = []
+        for j in range(d + 1):
+            emitted.append(target[row + j])
+            if j == d or target[row + j] != drafts[j]:
+                break
+        out.append(emitted)
+        row += d + 1
+    return out

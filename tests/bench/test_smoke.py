@@ -20,7 +20,10 @@ def smoke(tmp_path_factory) -> dict:
     import torch
 
     out = tmp_path_factory.mktemp("bench") / "results.json"
-    spec = json.dumps({"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3})
+    # decoupled: always speculate (auto may measure plain decoding as faster on 8 tokens and never draft)
+    spec = json.dumps(
+        {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "execution": "decoupled"}
+    )
     threads = torch.get_num_threads()
     try:  # one thread: robust on a shared 2-core machine (oversubscribed OpenMP threads thrash)
         doc = spec_bench.main(
