@@ -51,6 +51,10 @@ class RayExecutor:
             ``placement_group_bundles``) or, outside one, a new ``strategy`` group owned and removed by us.
         strategy: placement strategy of a group we create (``STRICT_PACK`` = one node).
         execute_timeout_s: watchdog per step; ``init_timeout_s``: for start-up (model load, KV allocation).
+            The ranks' ``torch.distributed`` collectives time out too (after ``max(execute_timeout_s, 60)``
+            seconds), so a rank stuck in a collective whose peer hung gives up instead of waiting forever.
+        name: prefix of the rank actors' names (``{name}-rank{i}``, e.g. the Serve replica id) so operators
+            can find them (``ray list actors``); None = unnamed.
     """
 
     def __init__(
@@ -61,12 +65,14 @@ class RayExecutor:
         strategy: str = "STRICT_PACK",
         execute_timeout_s: float = 300.0,
         init_timeout_s: float = 1200.0,
+        name: str | None = None,
     ) -> None:
         tp = config.tensor_parallel_size
         self.resources = resources or WorkerResources(use_gpu=resolve_use_gpu(config))
         # Pin the device so every rank resolves it the same way whatever it sees.
         self.config = config.model_copy(update={"device": "cuda" if self.resources.use_gpu else "cpu"})
         self.execute_timeout_s = execute_timeout_s
+        self.name = name
         self.workers: list[Any] = []
         self._owns_pg = False
         self._broken: str | None = None
@@ -103,8 +109,13 @@ class RayExecutor:
                 placement_group_bundle_index=rank,
                 placement_group_capture_child_tasks=False,
             )
-            w = actor_cls.options(
-                **self.resources.actor_options(), scheduling_strategy=sched, max_restarts=0, max_concurrency=2
+            named = {"name": f"{self.name}-rank{rank}"} if self.name else {}
+            w = actor_cls.options(  # max_concurrency=2: a health-check ping answers while a step runs
+                **self.resources.actor_options(),
+                **named,
+                scheduling_strategy=sched,
+                max_restarts=0,
+                max_concurrency=2,
             ).remote(rank, tp, num_threads=max(1, int(self.resources.num_cpus)))
             self.workers.append(w)
         t0 = time.perf_counter()
@@ -114,8 +125,9 @@ class RayExecutor:
             "rendezvous",
         )[0]
         backend = self.resources.backend
+        collective_timeout_s = max(self.execute_timeout_s, 60.0)
         self._gather(
-            [w.init_distributed.remote(host, port, backend, timeout_s) for w in self.workers],
+            [w.init_distributed.remote(host, port, backend, collective_timeout_s) for w in self.workers],
             timeout_s,
             "init",
         )
@@ -158,6 +170,11 @@ class RayExecutor:
         """Call ``ModelRunner.<method>(*args, **kwargs)`` on every rank; returns the per-rank results."""
         refs = [w.call.remote(method, *args, **kwargs) for w in self.workers]
         return self._gather(refs, timeout_s or self.execute_timeout_s, method)
+
+    def check_health(self, timeout_s: float = 10.0) -> None:
+        """Raise ``WorkerGroupError`` unless every rank answers a ping within ``timeout_s`` (a dead rank fails
+        at once). A failure marks the group broken, so the next step fails fast too."""
+        self._gather([w.ping.remote() for w in self.workers], timeout_s, "health check")
 
     def shutdown(self) -> None:
         """Kill the ranks and, if we created it, remove the placement group. Safe to call twice."""

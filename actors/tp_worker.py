@@ -57,7 +57,11 @@ class TPWorker:
         return host, free_port(host)
 
     def init_distributed(self, host: str, port: int, backend: str, timeout_s: float = 600.0) -> None:
-        """Join the TP group. All ranks must call this concurrently (it blocks until every rank joined)."""
+        """Join the TP group. All ranks must call this concurrently (it blocks until every rank joined).
+
+        ``timeout_s`` bounds the rendezvous and every later collective of the group (gloo / NCCL watchdog):
+        a rank whose peer died or hung raises instead of blocking forever.
+        """
         if self.world_size == 1:
             return
         if backend == "nccl":

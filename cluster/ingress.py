@@ -4,17 +4,22 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (JSON or SSE ``d
 [DONE]``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``. The ingress validates requests (pydantic),
 forwards them to an ``LLMServer`` replica through a streaming deployment handle, and maps every failure to
 OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``: 400 invalid input (also for what
-FastAPI would answer 422), 404 unknown model or route, 413 body too large, 503/429 + ``Retry-After`` when the
-replicas' queues are full, 503 when the engine is down. A client that disconnects cancels its request, which
-aborts the engine sequences and frees their KV blocks.
+FastAPI would answer 422), 401 missing or wrong API key (when one is configured), 404 unknown model or route,
+413 body too large, 503/429 + ``Retry-After`` when the replicas' queues are full, 503 when the engine is down.
+A request that meets a dead or restarting engine before any token reached the client is retried until
+``ingress.engine_retry_timeout_s`` (Serve replaces the replica meanwhile); one that already streamed tokens
+ends with an SSE error event. A client that disconnects cancels its request, which aborts the engine
+sequences and frees their KV blocks.
 
 No ``from __future__ import annotations`` here: Serve rebuilds the route signatures and FastAPI must see real
 types (``Request``), not strings.
 """
 
 import asyncio
+import hmac
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,10 +42,12 @@ from cluster.errors import (
 )
 from cluster.metrics import ServerMetrics
 from cluster.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
-from configs.serve import ServeArgs
+from configs.serve import IngressArgs, ServeArgs
 from flexspec.errors import FlexspecError, InvalidRequestError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
+
+API_KEY_ENV = "FLEXSPEC_API_KEY"
 
 app = FastAPI(title="flexspec", description="OpenAI-compatible API with speculative decoding")
 
@@ -64,12 +71,78 @@ def _error_response(status: int, body: dict[str, Any], retry_after_s: float | No
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+class ApiKeyAuth:
+    """``Authorization: Bearer <key>`` check, constant time (``hmac.compare_digest``).
+
+    Args:
+        key: the expected key; None or empty = no authentication.
+    """
+
+    def __init__(self, key: str | None) -> None:
+        self._key = key.encode("utf-8") if key else None
+
+    @classmethod
+    def from_config(cls, args: IngressArgs) -> "ApiKeyAuth":
+        """The configured ``ingress.api_key``, else ``FLEXSPEC_API_KEY`` from this process's environment."""
+        key = args.api_key.get_secret_value() if args.api_key is not None else os.environ.get(API_KEY_ENV)
+        return cls(key)
+
+    @property
+    def enabled(self) -> bool:
+        return self._key is not None
+
+    def reject(self, request: Request) -> JSONResponse | None:
+        """None when the request may pass, else the 401 response (OpenAI's shape and code)."""
+        if self._key is None:
+            return None
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # compare_digest on bytes of any length; the length check leaks only the key's length
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("utf-8"), self._key):
+            return None
+        body = error_body(
+            "Invalid or missing API key: send the header 'Authorization: Bearer <key>'.",
+            "invalid_request_error",
+            None,
+            "invalid_api_key",
+        )
+        return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
+class _EngineUnavailable(Exception):
+    """The engine replica is dead or being replaced, and nothing was sent to the client yet (retryable)."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(body["error"]["message"])
+        self.body = body
+
+
+def _unavailable(cause: object) -> _EngineUnavailable:
+    return _EngineUnavailable(error_body(f"engine unavailable: {cause}", "engine_unavailable"))
+
+
+def _reject_constant(name: str) -> float:
+    raise InvalidRequestError(f"request body is not valid JSON: {name} is not a JSON number")
+
+
+def _carries_output(chunk: dict[str, Any]) -> bool:
+    """True for chunks the client must see as they come: tokens, finish reasons, usage or an error."""
+    if "error" in chunk or not chunk.get("choices"):
+        return True
+    for c in chunk["choices"]:
+        delta = c.get("delta")
+        text = delta.get("content") if delta is not None else c.get("text")
+        if text or c.get("finish_reason") or c.get("logprobs"):
+            return True
+    return False
+
+
 def _sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
-async def _chain(first: dict[str, Any], gen: Any) -> AsyncIterator[dict[str, Any]]:
-    yield first
+async def _chain(head: list[dict[str, Any]], gen: Any) -> AsyncIterator[dict[str, Any]]:
+    for chunk in head:
+        yield chunk
     async for chunk in gen:
         yield chunk
 
@@ -112,10 +185,13 @@ class OpenAIIngress:
         self.model_name = self.args.model_name
         self.metrics = ServerMetrics(self.model_name)
         self.created = int(time.time())
+        self.auth = ApiKeyAuth.from_config(self.args.ingress)
 
     # ---- info routes ----------------------------------------------------------------------------------------
     @app.get("/v1/models")
-    async def models(self) -> dict[str, Any]:
+    async def models(self, request: Request) -> Any:
+        if (denied := self.auth.reject(request)) is not None:
+            return denied
         card = {
             "id": self.model_name,
             "object": "model",
@@ -141,7 +217,9 @@ class OpenAIIngress:
         return Response(status_code=200)
 
     @app.get("/metrics")
-    async def prometheus(self) -> Response:
+    async def prometheus(self, request: Request) -> Response:
+        if self.args.ingress.metrics_require_api_key and (denied := self.auth.reject(request)) is not None:
+            return denied
         try:  # refresh one replica's gauges; the others come with their finished requests
             self.metrics.engines.update(await asyncio.wait_for(self.llm.stats.remote(), timeout=5))
         except Exception:
@@ -158,6 +236,8 @@ class OpenAIIngress:
         return await self._generate(request, CompletionRequest, "completion")
 
     async def _generate(self, request: Request, schema: type[SamplingRequest], method: str) -> Response:
+        if (denied := self.auth.reject(request)) is not None:
+            return denied  # before reading the body
         tracker = self.metrics.tracker()
         try:
             body = await self._read_json(request)
@@ -177,85 +257,132 @@ class OpenAIIngress:
         except FlexspecError as e:
             return _error_response(*error_from_exception(e))
 
-        try:  # backpressure may be raised by .remote() itself or by the first item
+        retry_after = self.args.deployment.retry_after_s
+        deadline = time.monotonic() + self.args.ingress.engine_retry_timeout_s
+        while True:
+            try:
+                try:
+                    gen, head = await self._start(method, body)
+                except BackPressureError as e:
+                    err = OverloadedError(str(e), e.status_code, e.retry_after_s)
+                    retry = e.retry_after_s if e.retry_after_s is not None else retry_after
+                    return _error_response(*error_from_exception(err), retry_after_s=retry)
+                if "error" in head[-1] and head[-1]["error"]["type"] != "engine_unavailable":
+                    gen.cancel()
+                    return _error_response(head[-1]["status"], {"error": head[-1]["error"]})
+                if "error" in head[-1]:
+                    gen.cancel()
+                    raise _EngineUnavailable({"error": head[-1]["error"]})
+                if req.stream:
+                    return StreamingResponse(
+                        self._stream(gen, head, req.include_usage, tracker), media_type="text/event-stream"
+                    )
+                return await self._collect(gen, head, tracker)
+            except _EngineUnavailable as e:
+                wait = max(1.0, float(retry_after))
+                if time.monotonic() + wait > deadline:
+                    return _error_response(503, e.body, retry_after_s=retry_after)
+                log.warning("%s; retrying in %.0fs (nothing was sent to the client yet)", e, wait)
+                await asyncio.sleep(wait)
+
+    async def _start(self, method: str, body: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
+        """Call the replica; read its chunks up to the first that carries output (or an error), so that a
+        failure before any token is still retryable and an invalid request still gets its HTTP status.
+
+        Raises:
+            BackPressureError: every replica's queue is full.
+            _EngineUnavailable: the replica died or is gone.
+        """
+        gen = None
+        head: list[dict[str, Any]] = []
+        try:
             gen = getattr(self.llm.options(stream=True), method).remote(body)
-            first = await gen.__anext__()
-        except BackPressureError as e:
-            err = OverloadedError(str(e), e.status_code, e.retry_after_s)
-            retry = e.retry_after_s if e.retry_after_s is not None else self.args.deployment.retry_after_s
-            return _error_response(*error_from_exception(err), retry_after_s=retry)
+            while not head or not _carries_output(head[-1]):
+                head.append(await gen.__anext__())
+        except BackPressureError:  # raised by .remote() itself or by the first item
+            raise
         except StopAsyncIteration:
-            return _error_response(500, error_body("engine returned no output", "internal_error"))
-        except Exception as e:  # noqa: BLE001 - replica died / unavailable
-            log.warning("engine call failed: %r", e)
-            return _error_response(
-                503,
-                error_body(f"engine unavailable: {type(e).__name__}", "engine_unavailable"),
-                retry_after_s=self.args.deployment.retry_after_s,
-            )
-        if "error" in first:
-            gen.cancel()
-            return _error_response(first["status"], {"error": first["error"]})
-        if req.stream:
-            return StreamingResponse(
-                self._stream(gen, first, req.include_usage, tracker), media_type="text/event-stream"
-            )
-        return await self._collect(gen, first, tracker)
+            raise _unavailable("the replica ended the stream without output") from None
+        except asyncio.CancelledError:  # the client went away while waiting for the first token
+            if gen is not None:
+                gen.cancel()
+            raise
+        except Exception as e:  # the replica died or is gone
+            if gen is not None:
+                gen.cancel()
+            raise _unavailable(type(e).__name__) from e
+        return gen, head
 
     async def _stream(
-        self, gen: Any, first: dict[str, Any], include_usage: bool, tracker: Any
+        self, gen: Any, head: list[dict[str, Any]], include_usage: bool, tracker: Any
     ) -> AsyncIterator[str]:
-        """SSE: every chunk as ``data: {...}``; usage chunk if asked; ``data: [DONE]``."""
+        """SSE: every chunk as ``data: {...}``; usage chunk if asked; ``data: [DONE]``. An engine that fails
+        after tokens were sent ends the stream with an error event (OpenAI's error shape)."""
         finished = False
         reasons: list[str | None] = []
         try:
-            async for chunk in _chain(first, gen):
-                if "error" in chunk:
-                    yield _sse({"error": chunk["error"]})
-                    break
-                if not chunk["choices"] and "usage" in chunk:
-                    self._usage_chunk(chunk, tracker, reasons)
+            try:
+                async for chunk in _chain(head, gen):
+                    if "error" in chunk:
+                        yield _sse({"error": chunk["error"]})
+                        break
+                    if not chunk["choices"] and "usage" in chunk:
+                        self._usage_chunk(chunk, tracker, reasons)
+                        if include_usage:
+                            yield _sse(chunk)
+                        continue
+                    tracker.on_chunk(chunk)
+                    reasons += [c["finish_reason"] for c in chunk["choices"] if c.get("finish_reason")]
                     if include_usage:
-                        yield _sse(chunk)
-                    continue
-                tracker.on_chunk(chunk)
-                reasons += [c["finish_reason"] for c in chunk["choices"] if c.get("finish_reason")]
-                if include_usage:
-                    chunk["usage"] = None
-                yield _sse(chunk)
+                        chunk["usage"] = None
+                    yield _sse(chunk)
+            except Exception as e:  # noqa: BLE001 - the replica died mid-stream
+                log.warning("engine failed mid-stream: %s", type(e).__name__)
+                yield _sse(error_body(f"engine unavailable: {type(e).__name__}", "engine_unavailable"))
             finished = True
             yield "data: [DONE]\n\n"
         finally:
             if not finished:
                 gen.cancel()  # client went away: the replica aborts the sequences and frees their KV blocks
 
-    async def _collect(self, gen: Any, first: dict[str, Any], tracker: Any) -> Response:
-        """Merge the chunk stream into one ``chat.completion`` / ``text_completion`` response."""
+    async def _collect(self, gen: Any, head: list[dict[str, Any]], tracker: Any) -> Response:
+        """Merge the chunk stream into one ``chat.completion`` / ``text_completion`` response.
+
+        Raises:
+            _EngineUnavailable: the engine failed before the response was complete (nothing was sent).
+        """
         choices: dict[int, dict[str, Any]] = {}
-        head: dict[str, Any] = {}
+        top: dict[str, Any] = {}
         usage: dict[str, int] = {}
         finished = False
         try:
-            async for chunk in _chain(first, gen):
-                if "error" in chunk:
-                    return _error_response(chunk["status"], {"error": chunk["error"]})
-                head = {k: chunk[k] for k in ("id", "object", "created", "model")}
-                if not chunk["choices"] and "usage" in chunk:
-                    usage = self._usage_chunk(
-                        chunk, tracker, [c.get("finish_reason") for c in choices.values()]
-                    )
-                    continue
-                tracker.on_chunk(chunk)
-                for c in chunk["choices"]:
-                    _merge_choice(choices.setdefault(c["index"], {"index": c["index"]}), c)
+            try:
+                async for chunk in _chain(head, gen):
+                    if "error" in chunk:
+                        if chunk["error"]["type"] == "engine_unavailable":
+                            raise _EngineUnavailable({"error": chunk["error"]})
+                        return _error_response(chunk["status"], {"error": chunk["error"]})
+                    top = {k: chunk[k] for k in ("id", "object", "created", "model")}
+                    if not chunk["choices"] and "usage" in chunk:
+                        usage = self._usage_chunk(
+                            chunk, tracker, [c.get("finish_reason") for c in choices.values()]
+                        )
+                        continue
+                    tracker.on_chunk(chunk)
+                    for c in chunk["choices"]:
+                        _merge_choice(choices.setdefault(c["index"], {"index": c["index"]}), c)
+            except _EngineUnavailable:
+                raise
+            except Exception as e:  # the replica died mid-request
+                raise _unavailable(type(e).__name__) from e
             finished = True
         finally:
             if not finished:
                 gen.cancel()
-        chat = head.get("object") == "chat.completion.chunk"
-        head["object"] = "chat.completion" if chat else "text_completion"
+        chat = top.get("object") == "chat.completion.chunk"
+        top["object"] = "chat.completion" if chat else "text_completion"
         out = [_final_choice(choices[i], chat) for i in sorted(choices)]
-        return JSONResponse(head | {"choices": out, "usage": usage})
+        return JSONResponse(top | {"choices": out, "usage": usage})
 
     def _usage_chunk(self, chunk: dict[str, Any], tracker: Any, reasons: list[str | None]) -> dict[str, int]:
         engine = chunk.pop("_engine", None)
@@ -278,9 +405,12 @@ class OpenAIIngress:
                 raise too_large
             parts.append(part)
         try:
-            body = json.loads(b"".join(parts))
-        except ValueError as e:
-            raise InvalidRequestError(f"request body is not valid JSON: {e}") from e
+            body = json.loads(b"".join(parts), parse_constant=_reject_constant)
+        except InvalidRequestError:
+            raise
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+            reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise InvalidRequestError(f"request body is not valid JSON: {reason}") from None
         if not isinstance(body, dict):
             raise InvalidRequestError("request body must be a JSON object")
         return body

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from configs.sampling import SamplingParams
 from flexspec.errors import InvalidRequestError
+
+MAX_CHOICES_PER_REQUEST = 128  # prompts x n of one request: each is an engine sequence
 
 
 class _OpenAIModel(BaseModel):
@@ -85,11 +87,15 @@ class SamplingRequest(_OpenAIModel):
                 "stream_options is only allowed when stream is true", param="stream_options"
             )
 
+    def _openai_name(self, field: str) -> str:
+        """The request field a ``SamplingParams`` field came from (they differ where OpenAI has aliases)."""
+        return field
+
     def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
         """Validated engine parameters for choice ``choice`` (seeded choices get seed + choice so they differ).
 
         Raises:
-            pydantic.ValidationError: a value out of range; the error names the OpenAI field.
+            InvalidRequestError: a value out of range; ``param`` names the OpenAI field.
         """
         values: dict[str, Any] = {
             "max_tokens": max_tokens,
@@ -102,7 +108,13 @@ class SamplingRequest(_OpenAIModel):
             "ignore_eos": self.ignore_eos,
             "logprobs": self._num_logprobs(),
         }
-        return SamplingParams(**values)
+        try:
+            return SamplingParams(**values)
+        except ValidationError as e:
+            err = e.errors()[0]
+            param = self._openai_name(str(err["loc"][0])) if err.get("loc") else None
+            text = f"{param}: {err['msg']}" if param else err["msg"]
+            raise InvalidRequestError(text, param=param) from None
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -118,6 +130,13 @@ class ChatCompletionRequest(SamplingRequest):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def _openai_name(self, field: str) -> str:
+        if field == "max_tokens" and self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        if field == "logprobs":
+            return "top_logprobs"
+        return field
 
     def _num_logprobs(self) -> int | None:
         if not self.logprobs:
@@ -163,6 +182,13 @@ class CompletionRequest(SamplingRequest):
             raise InvalidRequestError("suffix is not supported", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidRequestError("best_of other than n is not supported", param="best_of")
+        p = self.prompt
+        num_prompts = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
+        if num_prompts * self.n > MAX_CHOICES_PER_REQUEST:
+            raise InvalidRequestError(
+                f"{num_prompts} prompts x n={self.n} choices exceed {MAX_CHOICES_PER_REQUEST} per request",
+                param="prompt",
+            )
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of prompts (text or token ids)."""

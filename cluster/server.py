@@ -7,8 +7,12 @@ into the ``LLMServer`` deployment. Methods return chunk streams as plain dicts (
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import logging
+import time
+import traceback
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -19,6 +23,8 @@ from cluster.serving import OpenAIServing
 from configs.serve import ServeArgs
 
 log = logging.getLogger(__name__)
+# A child of Serve's logger, so request lines land in the replica's Serve log file (Serve configures it).
+request_log = logging.getLogger("ray.serve.flexspec.requests")
 
 
 def build_engine(args: ServeArgs) -> Any:
@@ -37,8 +43,13 @@ def build_engine(args: ServeArgs) -> Any:
     from actors.ray_executor import resolve_use_gpu
 
     resources = WorkerResources(resolve_use_gpu(cfg), args.cpus_per_worker, args.accelerator_type)
+    replica = _replica_id()
     executor = RayExecutor(
-        cfg, resources, strategy=args.placement_strategy, execute_timeout_s=args.execute_timeout_s
+        cfg,
+        resources,
+        strategy=args.placement_strategy,
+        execute_timeout_s=args.execute_timeout_s,
+        name=f"flexspec-tp-{replica}" if replica != "local" else None,
     )
     return LLMEngine(cfg, executor=executor)
 
@@ -65,31 +76,74 @@ class LLMServer:
     async def chat(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Stream chunks of a chat completion (``request`` is the raw OpenAI JSON body)."""
         async for chunk in self._guard(
-            lambda: self.serving.chat(ChatCompletionRequest.model_validate(request))
+            "chat", request, lambda: self.serving.chat(ChatCompletionRequest.model_validate(request))
         ):
             yield chunk
 
     async def completion(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Stream chunks of a text completion."""
         async for chunk in self._guard(
-            lambda: self.serving.completion(CompletionRequest.model_validate(request))
+            "completion",
+            request,
+            lambda: self.serving.completion(CompletionRequest.model_validate(request)),
         ):
             yield chunk
 
     async def _guard(
-        self, make: Callable[[], AsyncIterator[dict[str, Any]]]
+        self, kind: str, request: dict[str, Any], make: Callable[[], AsyncIterator[dict[str, Any]]]
     ) -> AsyncIterator[dict[str, Any]]:
-        """Turn exceptions into one error chunk; attach this engine's snapshot to the usage chunk."""
+        """Turn exceptions into one error chunk; attach this engine's snapshot to the usage chunk; log one
+        line per request (ids, token counts, status). Prompt and output text reach the log only with
+        ``log_requests``; error lines name the exception type and where it was raised, not its message
+        (messages may quote user input)."""
+        t0 = time.perf_counter()
+        rid = f"{kind}-request"
+        if self.args.log_requests:
+            body = json.dumps(request, ensure_ascii=False)[:100_000]
+            request_log.info("%s: %s", kind, body.encode("utf-8", "backslashreplace").decode("utf-8"))
+        done = False
         try:
             async for chunk in make():
+                rid = chunk.get("id", rid)
                 if not chunk["choices"] and "usage" in chunk:
                     chunk["_engine"] = self.stats()
+                    u = chunk["usage"]
+                    request_log.info(
+                        "%s: %d prompt + %d completion tokens in %.2fs",
+                        rid,
+                        u["prompt_tokens"],
+                        u["completion_tokens"],
+                        time.perf_counter() - t0,
+                    )
+                    done = True
                 yield chunk
         except Exception as e:
+            done = True
             wire = to_wire(e)
+            err = wire["error"]
             if wire["status"] >= 500:
-                log.exception("request failed")
+                log.error(
+                    "%s failed (%d %s): %s at %s",
+                    rid,
+                    wire["status"],
+                    err["type"],
+                    type(e).__name__,
+                    _where(e),
+                    exc_info=e if self.args.log_requests else None,
+                )
+            else:
+                request_log.info(
+                    "%s rejected: %d %s (param %s, code %s)",
+                    rid,
+                    wire["status"],
+                    err["type"],
+                    err["param"],
+                    err["code"],
+                )
             yield wire
+        finally:
+            if not done:  # the caller stopped listening: the engine already aborted the sequences
+                request_log.info("%s: cancelled after %.2fs", rid, time.perf_counter() - t0)
 
     def stats(self) -> dict[str, Any]:
         """This engine's snapshot (metrics), tagged with the replica id."""
@@ -109,10 +163,14 @@ class LLMServer:
     def model_info(self) -> dict[str, Any]:
         return {"model": self.args.engine.model, "max_model_len": self.args.engine.max_model_len}
 
-    def check_health(self) -> None:
-        """Serve's health check: a dead engine loop (e.g. a TP rank died) makes Serve replace the replica."""
+    async def check_health(self) -> None:
+        """Serve's health check: a dead engine loop (e.g. a step failed because a TP rank died) or a TP rank
+        that does not answer a ping (dead while idle) raises, and Serve replaces the replica."""
         if not self.controller.healthy:
-            raise RuntimeError(f"engine loop is not running: {self.controller.error!r}")
+            raise RuntimeError(f"engine loop is not running: {type(self.controller.error).__name__}")
+        ping = getattr(self.engine.executor, "check_health", None)  # RayExecutor; in-process: nothing to ping
+        if ping is not None:
+            await asyncio.to_thread(ping)
 
     def shutdown(self) -> None:
         self.controller.stop()
@@ -123,6 +181,15 @@ class LLMServer:
             self.shutdown()
         except Exception:
             log.debug("shutdown failed", exc_info=True)
+
+
+def _where(e: BaseException) -> str:
+    """``file:line in function`` of the innermost frame of ``e``'s traceback."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return "?"
+    f = frames[-1]
+    return f"{f.filename}:{f.lineno} in {f.name}"
 
 
 def _replica_id() -> str:

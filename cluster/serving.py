@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from cluster.controller import EngineController
@@ -18,7 +18,7 @@ from cluster.protocol import ChatCompletionRequest, CompletionRequest, SamplingR
 from configs.sampling import SamplingParams
 from flexspec.engine.outputs import RequestOutput
 from flexspec.engine.sequence import TokenLogprob
-from flexspec.errors import ContextLengthExceededError
+from flexspec.errors import ContextLengthExceededError, FlexspecError, InvalidRequestError
 
 
 class OpenAIServing:
@@ -43,7 +43,9 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest) -> AsyncIterator[dict[str, Any]]:
         req.check_supported()
         engine = self.controller.engine
-        prompt = engine.apply_chat_template([m.as_template_dict() for m in req.messages])
+        prompt = _user_input(
+            "messages", lambda: engine.apply_chat_template([m.as_template_dict() for m in req.messages])
+        )
         jobs = self._jobs(req, [prompt], param="messages")
         head = self._head(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion.chunk")
         for i in range(len(jobs)):  # role first, as OpenAI does
@@ -82,7 +84,10 @@ class OpenAIServing:
     async def completion(self, req: CompletionRequest) -> AsyncIterator[dict[str, Any]]:
         req.check_supported()
         engine = self.controller.engine
-        prompts = [engine.encode(p) if isinstance(p, str) else list(p) for p in req.prompts()]
+        prompts = [
+            _user_input("prompt", lambda p=p: engine.encode(p)) if isinstance(p, str) else list(p)
+            for p in req.prompts()
+        ]
         jobs = self._jobs(req, prompts, param="prompt")
         head = self._head(f"cmpl-{uuid.uuid4().hex}", "text_completion")
         offsets = [0] * len(jobs)
@@ -155,6 +160,17 @@ class OpenAIServing:
 
     def _token_str(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+
+def _user_input(param: str, render: Callable[[], list[int]]) -> list[int]:
+    """Run the chat template / tokenizer on user text; what they reject (a template's own error, text that
+    is not valid Unicode such as a lone surrogate) is a 400 naming ``param``, not a 500."""
+    try:
+        return render()
+    except FlexspecError:
+        raise
+    except Exception as e:  # jinja2.TemplateError, UnicodeEncodeError, tokenizers' errors
+        raise InvalidRequestError(f"{param} could not be rendered: {type(e).__name__}", param=param) from e
 
 
 class _Job:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from configs.engine import EngineConfig
 from configs.speculative import SpeculativeConfig
@@ -81,6 +81,20 @@ class IngressArgs(BaseModel):
     max_request_bytes: int = Field(
         8 * 2**20, gt=0, description="Largest accepted request body; larger bodies get 413."
     )
+    api_key: SecretStr | None = Field(
+        None,
+        description="Require `Authorization: Bearer <key>` on the /v1 routes (401 otherwise); unset: the "
+        "FLEXSPEC_API_KEY environment variable of the ingress replica, else no key. /health stays open.",
+    )
+    metrics_require_api_key: bool = Field(
+        False, description="Also require the API key on /metrics (off: Prometheus scrapes without one)."
+    )
+    engine_retry_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="A request that meets a dead or restarting engine before any token was sent to the "
+        "client is retried for up to this long (Serve replaces the replica meanwhile), then gets 503.",
+    )
 
 
 class ServeArgs(BaseModel):
@@ -119,6 +133,11 @@ class ServeArgs(BaseModel):
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs per TP rank (and torch threads on CPU).")
     execute_timeout_s: float = Field(
         300.0, gt=0, description="Watchdog: a step whose ranks do not all answer in time fails the replica."
+    )
+    log_requests: bool = Field(
+        False,
+        description="Log every request's prompt and sampling parameters (replica log). Off: request logs "
+        "carry ids, token counts and statuses only, never prompt or output text.",
     )
     deployment: DeploymentArgs = Field(
         default_factory=DeploymentArgs, description="Engine deployment options."

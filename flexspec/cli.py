@@ -11,7 +11,9 @@ from pydantic import ValidationError
 
 from flexspec.errors import FlexspecError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="flexspec: LLM serving with speculative decoding")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="flexspec: LLM serving with speculative decoding"
+)
 
 
 @app.callback()
@@ -47,7 +49,7 @@ def generate(
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | float16"),
     speculative_config: str | None = typer.Option(
-        None, "--speculative-config", help="JSON, vLLM field names, e.g. '{\"method\": \"ngram\", ...}'."
+        None, "--speculative-config", help='JSON, vLLM field names, e.g. \'{"method": "ngram", ...}\'.'
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -56,7 +58,12 @@ def generate(
 
     try:
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop or []
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=stop or [],
         )
         engine_args: dict = dict(model=model, max_model_len=max_model_len, device=device, dtype=dtype)
         if speculative_config:
@@ -74,7 +81,11 @@ def generate(
 
     try:
         engine = LLMEngine(config)
-        ids = engine.apply_chat_template([{"role": "user", "content": prompt}]) if chat else engine.encode(prompt)
+        ids = (
+            engine.apply_chat_template([{"role": "user", "content": prompt}])
+            if chat
+            else engine.encode(prompt)
+        )
         t0 = time.perf_counter()
         out = engine.generate([ids], params)[0]
         elapsed = time.perf_counter() - t0
@@ -98,7 +109,9 @@ def generate(
 
 
 @app.command("prepare-model")
-def prepare_model(model: str = typer.Argument("smollm2-135m-instruct", help="Model id, folder or .gguf.")) -> None:
+def prepare_model(
+    model: str = typer.Argument("smollm2-135m-instruct", help="Model id, folder or .gguf."),
+) -> None:
     """Resolve MODEL and cache GGUF weights as safetensors, so later loads take seconds."""
     from flexspec.models.loader import resolve_model_dir
 
@@ -112,7 +125,10 @@ def prepare_model(model: str = typer.Argument("smollm2-135m-instruct", help="Mod
 @app.command()
 def serve(
     config: str | None = typer.Option(
-        None, "--config", "-c", help="Serve config file (default: configs/serve.yaml, else the installed copy)."
+        None,
+        "--config",
+        "-c",
+        help="Serve config file (default: configs/serve.yaml, else the installed copy).",
     ),
     address: str | None = typer.Option(
         None, help="Ray cluster to use ('auto' = the running one); default: start a new local cluster."
@@ -120,8 +136,15 @@ def serve(
     num_cpus: int | None = typer.Option(None, help="CPUs of the local Ray cluster (default: all)."),
     host: str | None = typer.Option(None, help="Override http_options.host of the config."),
     port: int | None = typer.Option(None, help="Override http_options.port of the config."),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        help="Require 'Authorization: Bearer KEY' on /v1 (sets FLEXSPEC_API_KEY for the local cluster's "
+        "processes; with --address, set it in the cluster's environment or ingress.api_key instead).",
+    ),
 ) -> None:
     """Serve the OpenAI API on Ray Serve from a config file; blocks until SIGTERM / Ctrl-C."""
+    import os
     from pathlib import Path
 
     try:
@@ -137,7 +160,78 @@ def serve(
         _fail(f"{path}: {_validation_message(e)}")
     except (ValueError, OSError) as e:
         _fail(f"{path}: {e}")
+    if api_key:
+        os.environ["FLEXSPEC_API_KEY"] = api_key  # inherited by the local Ray cluster's workers
     raise typer.Exit(serve_forever(path, address=address, num_cpus=num_cpus, host=host, port=port))
+
+
+# Operations (issue 8): the Grafana dashboard generated from the metric definitions in cluster/metrics.py.
+dashboard_app = typer.Typer(no_args_is_help=True, help="Grafana dashboard of the serving metrics.")
+app.add_typer(dashboard_app, name="dashboard")
+
+
+@dashboard_app.command("export")
+def dashboard_export(
+    output: list[str] | None = typer.Option(
+        None,
+        "--output",
+        "-o",
+        help="File to write (repeatable; default: ops/grafana/ and the Helm chart's copy).",
+    ),
+) -> None:
+    """Write the dashboard JSON (regenerated from the code's metric names)."""
+    from pathlib import Path
+
+    from cluster.dashboard import CHART_DASHBOARD_PATH, DASHBOARD_PATH, export
+
+    paths = tuple(Path(p) for p in output) if output else (DASHBOARD_PATH, CHART_DASHBOARD_PATH)
+    try:
+        for path in export(paths):
+            typer.echo(str(path))
+    except OSError as e:
+        _fail(str(e))
+
+
+@dashboard_app.command("provision")
+def dashboard_provision(
+    grafana_url: str = typer.Option(..., help="Grafana base URL, e.g. http://grafana:3000."),
+    prometheus_url: str = typer.Option(
+        "http://prometheus:9090", help="URL Grafana reaches Prometheus at (the datasource it creates)."
+    ),
+    api_key: str | None = typer.Option(
+        None, envvar="GRAFANA_API_KEY", help="API key / service-account token (env GRAFANA_API_KEY)."
+    ),
+    basic_auth: str | None = typer.Option(
+        None, envvar="GRAFANA_BASIC_AUTH", help="USER:PASSWORD (env GRAFANA_BASIC_AUTH)."
+    ),
+    datasource_name: str = typer.Option("flexspec-prometheus", help="Name and uid of the datasource."),
+    folder: str = typer.Option("flexspec", help="Folder (uid and title) of the dashboard; '' = General."),
+) -> None:
+    """Upload the dashboard and a Prometheus datasource to Grafana (created or updated in place)."""
+    if api_key and basic_auth:
+        _fail("give --api-key or --basic-auth, not both")
+    credential: str | tuple[str, str] | None = api_key
+    if basic_auth:
+        user, sep, password = basic_auth.partition(":")
+        if not sep or not user:
+            _fail("--basic-auth must be USER:PASSWORD")
+        credential = (user, password)
+    try:
+        from grafana_client.client import GrafanaException
+        from requests import RequestException
+
+        from cluster.dashboard import provision
+    except ImportError as e:
+        _fail(f"provisioning needs the [ops] extra (pip install -e '.[ops]'): {e}")
+    try:
+        reply = provision(grafana_url, prometheus_url, credential, datasource_name, folder or None)
+    except GrafanaException as e:
+        _fail(f"Grafana refused the upload: {e}")
+    except RequestException as e:
+        _fail(f"cannot reach Grafana at {grafana_url}: {e}")
+    typer.echo(
+        f"dashboard {reply.get('uid')} version {reply.get('version')}: {grafana_url}{reply.get('url', '')}"
+    )
 
 
 # Drafter training (issue 5): the command lives in flexspec/train/cli.py.

@@ -40,8 +40,9 @@ class DraftModelDrafter(Drafter):
                 "num_kv_blocks": None,
             }
         )
-        self.draft = ModelRunner(draft_cfg, tp=runner.tp if config.draft_tensor_parallel_size != 1 else None,
-                                 device=runner.device)
+        self.draft = ModelRunner(
+            draft_cfg, tp=runner.tp if config.draft_tensor_parallel_size != 1 else None, device=runner.device
+        )
         if self.draft.spec.vocab_size != runner.spec.vocab_size:
             raise ValueError(
                 f"draft model vocab {self.draft.spec.vocab_size} != target vocab {runner.spec.vocab_size}: "
@@ -52,10 +53,19 @@ class DraftModelDrafter(Drafter):
         self.free_blocks: deque[int] = deque()
 
     def memory_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.draft.model.parameters())
+        """Weights + buffers (RoPE tables) + the cache's slack of one sequence beyond the target's block count
+        (``allocate``); the per-target-block part of the cache is ``kv_bytes_per_block``."""
+        tensors = [*self.draft.model.parameters(), *self.draft.model.buffers()]
+        weights = sum(t.numel() * t.element_size() for t in tensors)
+        return weights + self.draft.max_blocks_per_seq * self.draft.kv_bytes_per_block()
+
+    def kv_bytes_per_block(self) -> int:
+        return self.draft.kv_bytes_per_block()  # same block size: one draft block per target block
 
     def allocate(self, num_kv_blocks: int) -> None:
-        cfg = self.draft.config.model_copy(update={"num_kv_blocks": num_kv_blocks + self.draft.max_blocks_per_seq})
+        cfg = self.draft.config.model_copy(
+            update={"num_kv_blocks": num_kv_blocks + self.draft.max_blocks_per_seq}
+        )
         self.draft.config = cfg
         n = self.draft.allocate_kv_cache()
         self.free_blocks = deque(range(n))
@@ -117,9 +127,7 @@ class DraftModelDrafter(Drafter):
                 logits, _ = self.draft.forward(inp)
                 self._pick(live, logits, drafts, probs, step)
         token_ids = [drafts.get(b.seq_id, []) for b in batch]
-        draft_probs = [
-            torch.stack(probs[b.seq_id]) if probs.get(b.seq_id) else None for b in batch
-        ]
+        draft_probs = [torch.stack(probs[b.seq_id]) if probs.get(b.seq_id) else None for b in batch]
         return DraftProposal(token_ids=token_ids, draft_probs=draft_probs)
 
     def _pick(self, items, logits, drafts, probs, step: int) -> None:
