@@ -187,6 +187,8 @@ class LLMEngine:
             if accepted > s.num_draft_tokens:
                 raise RuntimeError(f"executor emitted {len(tokens)} tokens for {s.num_draft_tokens} drafts")
             step_metrics.observe(s.num_draft_tokens, accepted)
+            if self.policy is not None:
+                self.policy.observe_request(seq, s.num_draft_tokens, accepted)
             # K/V of rejected drafts stay in the cache but are overwritten: only accepted positions count.
             seq.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens + accepted
             lps = None

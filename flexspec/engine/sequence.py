@@ -53,6 +53,7 @@ class Sequence:
         self.seed = params.seed if params.seed is not None else seed
         # Speculative decoding: draft tokens proposed for the next step (not yet verified).
         self.draft_token_ids: list[int] = []
+        self.spec_tokens_per_step: float | None = None  # this request's running MAL (speculation policy)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -8,8 +8,9 @@ rank ever decides on its own. Each step the policy picks how to draft for the ne
 * ``parallel``  — draft inside the verification forward (FlexDraft only: O(B^2) extra tokens per sequence).
 
 With ``execution: auto`` it maximises expected emitted tokens per second = E[tokens per step] / step time,
-where E[tokens per step] = 1 + sum_i (per-position acceptance i) from the running acceptance statistics and
-step times are measured online per (mode, batch-size bucket):
+where E[tokens per step] is the mean over the batch's requests of each request's running MAL (requests that
+have not been verified yet use 1 + sum_i per-position acceptance i of all requests), and step times are
+measured online per (mode, batch-size bucket):
 
 * warm-up: each option is measured ``WARMUP_SAMPLES`` times, at whatever batch size comes first;
 * a bucket not measured yet for a mode borrows the nearest measured bucket's time, scaled by how plain
@@ -97,7 +98,8 @@ class SpeculationPolicy:
         for mode in self.options:  # warm-up: measure every option somewhere first
             if self.samples(mode) < WARMUP_SAMPLES:
                 return self._decision(mode)
-        rates = {m: self.expected_rate(m, bucket) for m in self.options}
+        spec_tokens = self._batch_tokens_per_step(sched)
+        rates = {m: self.expected_rate(m, bucket, spec_tokens) for m in self.options}
         ranked = sorted(self.options, key=rates.__getitem__, reverse=True)
         best = rates[ranked[0]]
         for mode in ranked[1:]:  # plausible options never measured at this batch size
@@ -115,9 +117,16 @@ class SpeculationPolicy:
         return d
 
     def expected_tokens_per_step(self, mode: str) -> float:
+        """E[emitted tokens per sequence per step] over all requests seen (the running per-position statistics)."""
         if mode == "plain":
             return 1.0
         return 1.0 + sum(self.acceptance[: self.spec.num_speculative_tokens])
+
+    def _batch_tokens_per_step(self, sched: SchedulerOutput) -> float:
+        """Mean over the batch of each request's running MAL (the global estimate for requests without one)."""
+        fallback = self.expected_tokens_per_step("decoupled")
+        per_seq = [getattr(getattr(s, "seq", None), "spec_tokens_per_step", None) for s in sched.scheduled]
+        return sum(fallback if t is None else t for t in per_seq) / max(len(per_seq), 1)
 
     def samples(self, mode: str) -> int:
         return sum(st.n for (m, _), st in self.step_times.items() if m == mode)
@@ -148,12 +157,14 @@ class SpeculationPolicy:
             t *= self.step_times[("plain", bucket)].seconds / self.step_times[("plain", near)].seconds
         return t
 
-    def expected_rate(self, mode: str, bucket: int) -> float:
-        """Expected emitted tokens per second per sequence for ``mode`` at this batch-size bucket."""
+    def expected_rate(self, mode: str, bucket: int, spec_tokens: float | None = None) -> float:
+        """Expected emitted tokens per second per sequence for ``mode`` at this batch-size bucket;
+        ``spec_tokens`` = E[tokens per step] when speculating (default: the running statistics)."""
         t = self.step_time(mode, bucket)
         if t is None:
             return float("inf")
-        return self.expected_tokens_per_step(mode) / max(t, 1e-9)
+        tokens = 1.0 if mode == "plain" else spec_tokens or self.expected_tokens_per_step(mode)
+        return tokens / max(t, 1e-9)
 
     # ---- feedback -------------------------------------------------------------------------------------------
     def observe(
@@ -162,7 +173,19 @@ class SpeculationPolicy:
         """Record one decode step's wall time (steps with prefill chunks are not representative: skip them)."""
         self.step_times.setdefault((mode, batch_bucket(num_seqs)), _Stat()).add(seconds)
         if per_position_acceptance:
-            if len(self.acceptance) < len(per_position_acceptance):
-                self.acceptance.extend([0.0] * (len(per_position_acceptance) - len(self.acceptance)))
-            for i, a in enumerate(per_position_acceptance):
-                self.acceptance[i] = (1 - EMA) * self.acceptance[i] + EMA * a if self.acceptance[i] else a
+            n = max(len(self.acceptance), len(per_position_acceptance))
+            step = per_position_acceptance + [0.0] * (n - len(per_position_acceptance))  # no draft there: 0
+            if not self.acceptance:
+                self.acceptance = list(step)
+            else:
+                self.acceptance += [0.0] * (n - len(self.acceptance))
+                self.acceptance = [(1 - EMA) * a + EMA * b for a, b in zip(self.acceptance, step)]
+
+    @staticmethod
+    def observe_request(seq, num_draft_tokens: int, num_accepted: int) -> None:
+        """Update one request's running MAL after a verification of ``num_draft_tokens`` drafts."""
+        if num_draft_tokens == 0:
+            return
+        tokens = num_accepted + 1.0
+        prev = seq.spec_tokens_per_step
+        seq.spec_tokens_per_step = tokens if prev is None else (1 - EMA) * prev + EMA * tokens

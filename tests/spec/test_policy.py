@@ -76,3 +76,27 @@ def test_first_samples_keep_their_minimum():
     pol.observe("plain", 1, 1.0, None)
     assert pol.step_time("plain", 1) == 1.0
     assert pol.step_time("decoupled", 1) is None
+
+
+def test_per_request_acceptance_decides_for_the_batch_at_hand():
+    from types import SimpleNamespace
+
+    pol = _policy(execution="auto")
+    times = {"plain": 1.0, "decoupled": 1.5, "parallel": 9.0}
+    _train(pol, 4, times, [0.9, 0.8, 0.7, 0.6])  # running statistics: E = 4.0 -> decoupled wins
+    assert pol.decide(_sched(4)).mode == "decoupled"
+    poor = [SimpleNamespace(seq=SimpleNamespace(spec_tokens_per_step=None)) for _ in range(4)]
+    for item in poor:  # these requests' own drafts are rejected: 1 token per step
+        for _ in range(20):
+            pol.observe_request(item.seq, 4, 0)
+    assert all(abs(item.seq.spec_tokens_per_step - 1.0) < 1e-9 for item in poor)
+    batch = SchedulerOutput(scheduled=poor, preempted=[])  # type: ignore[arg-type]
+    assert pol.decide(batch).mode == "plain"  # 1 / 1.5 s < 1 / 1.0 s
+
+
+def test_positions_without_drafts_count_as_not_accepted():
+    pol = _policy()
+    pol.observe("decoupled", 1, 1.0, [0.9, 0.9, 0.9, 0.9])
+    for _ in range(30):  # later steps verify one draft only: positions 2-4 accept nothing any more
+        pol.observe("decoupled", 1, 1.0, [0.5])
+    assert pol.expected_tokens_per_step("decoupled") == pytest.approx(1.5, abs=0.01)
