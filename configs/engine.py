@@ -39,7 +39,11 @@ class EngineConfig(BaseModel):
         description="Decode batch sizes captured as CUDA graphs.",
     )
     seed: int = Field(0, description="Global seed for requests without their own.")
-    trust_remote_code: bool = Field(False, description="Never run model code from checkpoints unless set.")
+    trust_remote_code: bool = Field(
+        False,
+        description="Let transformers run a checkpoint's own tokenizer code (auto_map). Model weights always "
+        "run flexspec's model classes; checkpoint model code is never imported.",
+    )
     enable_chunked_prefill: bool = Field(True, description="Split long prompts over several steps.")
     speculative_config: SpeculativeConfig | None = Field(
         None, description="Speculative decoding (vLLM --speculative-config fields); None = plain decoding."

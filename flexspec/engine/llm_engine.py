@@ -43,7 +43,9 @@ class LLMEngine:
 
         self.config = config
         self.executor = executor or LocalExecutor(config)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or self.executor.model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            config.tokenizer or self.executor.model_dir, trust_remote_code=config.trust_remote_code
+        )
         self.spec: ModelSpec = self.executor.spec
         self.eos_token_ids = set(self.spec.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
