@@ -41,12 +41,16 @@ def verify(
 ) -> list[list[int]]:
     """Returns the emitted tokens per sequence: accepted drafts + one recovered or bonus token.
 
-    All-greedy batches take a host-side path (one argmax over the rows, one transfer): at T=0 a draft is
-    accepted iff it equals the target's argmax, and the first mismatch emits that argmax, exactly what the
-    rejection kernel's greedy rule computes, without materialising [N, V] probabilities.
+    Deterministic drafts (``draft_probs`` None: argmax / lookup drafters) and all-greedy batches take the
+    sampled-target path: every row is sampled exactly as plain decoding samples that output position (argmax
+    at T=0; at T>0 the Gumbel-max draw with the request's seed and the position's noise), a draft is accepted
+    iff it equals that sample, and the first mismatch emits the sample. For a one-hot draft this is the
+    rejection rule (P[accept] = p(draft); on rejection the sample is distributed as p without the draft,
+    i.e. norm(max(p - q, 0))), and it makes seeded outputs identical with and without speculation, whatever
+    mode the policy picks per step. Probabilistic drafts go through ``kernels.rejection_sample``.
     """
-    if meta.all_greedy:
-        return _verify_greedy(logits, num_drafts, draft_token_ids)
+    if meta.all_greedy or draft_probs is None or all(p is None for p in draft_probs):
+        return _verify_by_target_sample(logits, meta, num_drafts, draft_token_ids)
     device = logits.device
     S = len(num_drafts)
     starts = [0]
@@ -94,11 +98,11 @@ def verify(
     return [[t for t in row if t >= 0] for row in out.tolist()]
 
 
-def _verify_greedy(
-    logits: torch.Tensor, num_drafts: list[int], draft_token_ids: list[list[int]]
+def _verify_by_target_sample(
+    logits: torch.Tensor, meta: SamplingMetadata, num_drafts: list[int], draft_token_ids: list[list[int]]
 ) -> list[list[int]]:
-    """Greedy verification (T=0): logits [N, V], sequence s owns num_drafts[s] + 1 consecutive rows."""
-    target = logits.argmax(dim=-1).tolist()  # [N]
+    """logits [N, V], sequence s owns num_drafts[s] + 1 consecutive rows -> emitted tokens per sequence."""
+    target = sample(logits, meta).tolist()  # [N]: what plain decoding emits at each row's position
     out: list[list[int]] = []
     row = 0
     for d, drafts in zip(num_drafts, draft_token_ids):
