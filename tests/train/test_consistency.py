@@ -23,7 +23,8 @@ def _engine_drafts(
         EngineConfig(
             model=target, device="cpu", max_model_len=256,
             speculative_config={"method": method, "model": str(folder), "num_speculative_tokens": k,
-                                "execution": "decoupled"},
+                                "execution": "decoupled"}
+            | ({"verification_threshold": 0.0} if method in ("dflash", "dspark") else {}),  # all k drafts
         )
     )  # fmt: skip
     rid = engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0))
