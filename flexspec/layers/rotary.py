@@ -7,6 +7,9 @@ import math
 import torch
 from torch import nn
 
+from flexspec.layers.fused import use_fused
+from kernels.rotary import rotary_embedding_triton
+
 
 def _inv_freq(head_dim: int, theta: float, rope: dict | None) -> torch.Tensor:
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
@@ -42,8 +45,23 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
+        """positions [T] int64, q [T, Hq, D], k [T, Hkv, D] -> rotated (q, k), same shapes and dtype.
+
+        Other leading shapes ([B, L, H, D] with positions [B, L]) take the torch path.
+        """
+        half = q.shape[-1] // 2
+        if (
+            q.dim() == 3
+            and positions.dim() == 1
+            and half & (half - 1) == 0
+            and q.stride(-1) == 1
+            and k.stride(-1) == 1
+            and positions.dtype == torch.int64
+            and use_fused(q, k)
+        ):
+            return rotary_embedding_triton(positions, q, k, self.cos, self.sin)
+        cos = self.cos[positions].unsqueeze(-2)  # [..., 1, D/2]
+        sin = self.sin[positions].unsqueeze(-2)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
