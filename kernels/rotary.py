@@ -4,7 +4,9 @@ Neox / rotate-half layout as in HF Llama: for ``x = [x1 | x2]`` (halves of the h
 ``rope(x) = [x1 cos - x2 sin | x2 cos + x1 sin]`` with ``cos/sin[p] = cos/sin(p * inv_freq)`` looked up
 at each token's position. One program per token rotates all of its query and key heads, reading the
 strided views that come out of the fused QKV projection (no copies) and writing new contiguous
-outputs; the unfused torch code needs ~20 launches for the same work.
+outputs; the unfused torch code needs ~20 launches for the same work. Optionally the same launch writes the
+rotated keys and the values into the paged KV cache by slot mapping (as ``kernels.kv_cache.store_kv_cache``;
+vLLM fuses RoPE and the cache write the same way), saving one more launch per layer.
 """
 
 from __future__ import annotations
@@ -53,9 +55,16 @@ def _rotary_kernel(
     ko_stride_h,
     num_q_heads,
     num_kv_heads,
+    v_ptr,  # [T, Hkv, D] (STORE_KV)
+    v_stride_t,
+    v_stride_h,
+    k_cache_ptr,  # [num_slots, Hkv, D] contiguous (STORE_KV)
+    v_cache_ptr,
+    slot_mapping_ptr,  # [T] int64, < 0 = do not cache (STORE_KV)
     HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
+    STORE_KV: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + t)
@@ -70,6 +79,20 @@ def _rotary_kernel(
         k_ptr + t * k_stride_t, k_out_ptr + t * ko_stride_t, k_stride_h, ko_stride_h, cos, sin, num_kv_heads,
         HALF, BLOCK_HK,
     )  # fmt: skip
+    if STORE_KV:
+        slot = tl.load(slot_mapping_ptr + t)
+        if slot >= 0:
+            slot_base = slot * (num_kv_heads * 2 * HALF)
+            # Rotated keys, by the same arithmetic as k_out above, so the cache holds exactly k_out.
+            _rotate_heads(
+                k_ptr + t * k_stride_t, k_cache_ptr + slot_base, k_stride_h, 2 * HALF, cos, sin, num_kv_heads,
+                HALF, BLOCK_HK,
+            )  # fmt: skip
+            heads = tl.arange(0, BLOCK_HK)
+            dims = tl.arange(0, 2 * HALF)
+            mask = (heads < num_kv_heads)[:, None]
+            v = tl.load(v_ptr + t * v_stride_t + heads[:, None] * v_stride_h + dims[None, :], mask=mask)
+            tl.store(v_cache_ptr + slot_base + heads[:, None] * (2 * HALF) + dims[None, :], v, mask=mask)
 
 
 def _check_args(
@@ -112,9 +135,22 @@ def rotary_embedding_triton(
     k: torch.Tensor,  # [T, Hkv, D], unit stride in D
     cos: torch.Tensor,  # [max_position, D/2] fp32, contiguous
     sin: torch.Tensor,
+    v: torch.Tensor | None = None,  # [T, Hkv, D]: with the caches, also store K/V
+    k_cache: torch.Tensor | None = None,  # [num_blocks, block_size, Hkv, D] contiguous
+    v_cache: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,  # [T] int64, < 0 = do not cache
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton launcher of :func:`rotary_embedding`. Positions are not range-checked (that would sync)."""
+    """Triton launcher of :func:`rotary_embedding`; with ``v`` and the caches it also writes the rotated keys
+    and the values to the cache like :func:`kernels.kv_cache.store_kv_cache`. Positions and slots are not
+    range-checked (that would sync)."""
     _check_args(positions, q, k, cos, sin)
+    store = v is not None
+    if store:
+        from .kv_cache import _check_args as _check_store
+
+        if k_cache is None or v_cache is None or slot_mapping is None:
+            raise ValueError("storing K/V needs v, k_cache, v_cache and slot_mapping together")
+        _check_store(k, v, k_cache, v_cache, slot_mapping)
     half = q.shape[2] // 2
     if half & (half - 1):
         raise ValueError(f"Triton rotary needs head_dim / 2 to be a power of two, got {half}")
@@ -128,9 +164,12 @@ def rotary_embedding_triton(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
             q.shape[1], k.shape[1],
+            v if store else k, (v if store else k).stride(0), (v if store else k).stride(1),
+            k_cache if store else k, v_cache if store else k, slot_mapping if store else positions,
             HALF=half,
             BLOCK_HQ=triton.next_power_of_2(q.shape[1]),
             BLOCK_HK=triton.next_power_of_2(k.shape[1]),
+            STORE_KV=store,
             num_warps=4,
         )  # fmt: skip
     return q_out, k_out

@@ -120,3 +120,33 @@ def test_act_and_mul_triton_matches_reference(shape, activation, dtype, device):
     assert torch.equal(act_and_mul(x, activation, backend="triton"), out)
     with pytest.raises(ValueError, match="activation must be"):
         act_and_mul(x, "relu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_with_kv_store_matches_rope_then_store(dtype, device):
+    from kernels.kv_cache import store_kv_cache_ref
+
+    g = torch.Generator().manual_seed(3)
+    T, hq, hkv, D, num_blocks, block_size = 7, 9, 3, 64, 4, 4
+    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    freqs = torch.outer(torch.arange(64, dtype=torch.float64), inv)
+    cos, sin = freqs.cos().float().to(device), freqs.sin().float().to(device)
+    qkv = torch.randn(T, (hq + 2 * hkv) * D, generator=g).to(device, dtype)
+    q, k, v = qkv.split([hq * D, hkv * D, hkv * D], dim=-1)
+    q, k, v = q.view(T, hq, D), k.view(T, hkv, D), v.view(T, hkv, D)
+    positions = torch.randint(0, 64, (T,), generator=g).to(device)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:T]
+    slots[[1, 4]] = -1  # not cached (CUDA-graph padding, FlexDraft mask tokens)
+    slots = slots.to(device)
+    shape = (num_blocks, block_size, hkv, D)
+    k_cache, v_cache = torch.randn(shape, generator=g).to(device, dtype), torch.randn(shape, generator=g).to(device, dtype)
+    k_exp, v_exp = k_cache.clone(), v_cache.clone()
+
+    q_out, k_out = rotary_embedding_triton(positions, q, k, cos, sin, v, k_cache, v_cache, slots)
+    q_ref, k_ref = rotary_embedding_triton(positions, q, k, cos, sin)
+    store_kv_cache_ref(k_ref, v.contiguous(), k_exp, v_exp, slots)
+    assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
+    assert torch.equal(k_cache, k_exp), "cached keys must be exactly the returned rotated keys"
+    assert torch.equal(v_cache, v_exp)
+    with pytest.raises(ValueError, match="together"):
+        rotary_embedding_triton(positions, q, k, cos, sin, v)
