@@ -37,18 +37,9 @@ from bench.common import (
     prompt_token_ids,
     short_error,
 )
+from bench.hf_peers import HF_SYSTEMS
 
-PEERS = (
-    "hf",
-    "hf_dynamic",
-    "hf_static_compile",
-    "hf_static_compile_default",
-    "hf_static_compile_mnc",
-    "hf_static_compile_markstep",
-    "hf_prompt_lookup",
-    "hf_assisted",
-    "vllm",
-)
+PEERS = ("hf", *HF_SYSTEMS, "vllm")
 
 
 def build_parser() -> argparse.ArgumentParser:
