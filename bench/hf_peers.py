@@ -88,9 +88,12 @@ class SystemBudget:
     def reason(self) -> str:
         return f"{self.system}: its time budget of {self.seconds:g} s is exhausted (--peer-time-budget-s)"
 
-    def check(self) -> None:
+    def exhausted(self) -> bool:
         left = self.remaining()
-        if left is not None and left <= 0:
+        return left is not None and left <= 0
+
+    def check(self) -> None:
+        if self.exhausted():
             raise PeerTimeout(self.reason())
 
     @contextlib.contextmanager

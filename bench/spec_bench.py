@@ -36,7 +36,7 @@ from bench.common import (
     prompt_token_ids,
     short_error,
 )
-from bench.hf_peers import HF_SYSTEMS
+from bench.hf_peers import DEFAULT_SYSTEM_BUDGET_S, HF_SYSTEMS
 from bench.spec_peers import run_hf_peers, run_vllm
 
 PEERS = ("hf", *HF_SYSTEMS, "vllm")
@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8,
         help="transformers peers: at most this many prompts per point (they are slow at batch 1).",
+    )
+    p.add_argument(
+        "--peer-time-budget-s",
+        type=float,
+        default=DEFAULT_SYSTEM_BUDGET_S,
+        help="Per peer system (transformers: compile + all points; vLLM: its subprocess); 0 = off.",
     )
     p.add_argument("--vllm-python", default=None, help="Python with vLLM installed (default: this one).")
     p.add_argument(
@@ -323,7 +329,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if any(p != "vllm" for p in args.peer):
             run_hf_peers(args, model_dir, systems, prompts, report, budget)
         if "vllm" in args.peer:
-            run_vllm(args, model_dir, systems, prompts, report, budget)
+            run_vllm(args, model_dir, systems, prompts, report, budget, plain_tokens)
     add_ratios(report.doc["runs"])
     report.doc["elapsed_s"] = round(budget.elapsed, 1)
     report.save()
