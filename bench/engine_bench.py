@@ -30,16 +30,19 @@ from bench.common import (
     prompt_token_ids,
     short_error,
 )
-from bench.hf_peers import HF_SYSTEMS, HFPeer, Unsupported, run_requests
+from bench.hf_peers import (
+    DEFAULT_SYSTEM_BUDGET_S,
+    HF_SYSTEMS,
+    HFPeer,
+    PeerTimeout,
+    SystemBudget,
+    Unsupported,
+    matching_fraction,
+    run_requests,
+)
 
 OURS = "flexspec"
-GPU_SYSTEMS = (
-    OURS,
-    "hf_dynamic",
-    "hf_static_compile",
-    "hf_static_compile_markstep",
-    "hf_static_compile_default",
-)
+GPU_SYSTEMS = (OURS, "hf_dynamic", "hf_static_compile", "hf_static_compile_default")
 CPU_SYSTEMS = (OURS, "hf_dynamic")
 
 
@@ -56,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--systems", default=None, help=f"Comma list from {(OURS, *HF_SYSTEMS[:5])}; default by device."
+    )
+    p.add_argument(
+        "--peer-time-budget-s",
+        type=float,
+        default=DEFAULT_SYSTEM_BUDGET_S,
+        help="Per transformers system (compile + all its points); later points are skipped (0 = off).",
     )
     p.add_argument(
         "--repeats", type=int, default=3, help="Timed runs per batch size for our engine (median)."
@@ -217,6 +226,7 @@ def bench_hf(
     pad_to = max(len(p) for p in prompts[: max(args.batch_sizes)])
     for system in systems:
         results = report.doc["results"].setdefault(system, {})
+        sys_budget = SystemBudget(system, args.peer_time_budget_s)
         for b in args.batch_sizes:
             if budget.exhausted():
                 results[str(b)] = {"skipped": "time budget exhausted"}
@@ -225,17 +235,33 @@ def bench_hf(
             try:
                 runs = [
                     run_requests(
-                        peer, system, prompts[:b], b, args.max_tokens, 0.0, True, pad_to, warmup=(r == 0)
+                        peer,
+                        system,
+                        prompts[:b],
+                        b,
+                        args.max_tokens,
+                        0.0,
+                        True,
+                        pad_to,
+                        warmup=(r == 0),
+                        budget=sys_budget,
                     )
                     for r in range(args.hf_repeats)
                 ]
                 rec = runs[0]
                 rec["output_tokens_per_s_runs"] = [r["output_tokens_per_s"] for r in runs]
                 rec["output_tokens_per_s"] = median(rec["output_tokens_per_s_runs"])
+                ref = report.doc["results"].get("hf_dynamic", {}).get(str(b), {}).get("token_ids")
+                if system != "hf_dynamic" and ref:
+                    rec["matches_hf_dynamic"] = matching_fraction(rec["token_ids"], ref)
                 results[str(b)] = rec
                 log(f"{system} b={b}: {rec['output_tokens_per_s']} tok/s (warm-up {rec['warmup_s']} s)")
             except Unsupported as e:
                 results[str(b)] = {"skipped": str(e)}
+            except PeerTimeout as e:
+                results[str(b)] = {"skipped": str(e)}
+                log(f"{system} b={b} skipped: {e}")
+                peer.reset_compile()
             except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
                 results[str(b)] = {"error": short_error(e)}
                 log(f"{system} b={b} failed: {short_error(e, 200)}")
@@ -325,6 +351,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "systems": systems,
                 "repeats": args.repeats,
                 "hf_repeats": args.hf_repeats,
+                "peer_time_budget_s": args.peer_time_budget_s,
                 "max_model_len": args.max_model_len,
                 "enforce_eager": args.enforce_eager,
             },

@@ -3,17 +3,26 @@
 Systems (``HF_SYSTEMS``):
 
 - ``hf_dynamic``: ``generate`` with the default dynamic cache, eager.
-- ``hf_static_compile``: ``cache_implementation="static"``; transformers then compiles the decode forward itself
-  (``CompileConfig`` default: ``mode="reduce-overhead"``, CUDA graphs through cudagraph trees). This is the path
-  transformers documents; it auto-compiles only on CUDA.
+- ``hf_static_compile``: transformers' documented static-cache recipe, done explicitly so it finishes in bounded
+  time: a ``StaticCache`` of fixed length per batch size (``max_cache_len`` = pad length + new tokens), reused
+  across calls (fixed addresses: no CUDA-graph re-recording), and the decode forward compiled once per batch size
+  with ``torch.compile(model.forward, mode="reduce-overhead", fullgraph=True, dynamic=False)``. The prefill runs
+  eagerly (as in transformers' own auto-compile: it would otherwise compile once per prompt length). On CUDA every
+  compiled call starts with ``torch.compiler.cudagraph_mark_step_begin()`` and the logits are cloned (the fix for
+  "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run", DEVICE.md). Runs on CPU
+  too (inductor + gcc; no CUDA graphs there).
 - ``hf_static_compile_default`` / ``hf_static_compile_mnc``: the same with ``mode="default"`` /
   ``"max-autotune-no-cudagraphs"`` (no CUDA graphs; the latter autotunes GEMMs, long compile).
-- ``hf_static_compile_markstep``: static cache with the forward wrapped by us in
-  ``torch.compile(model.forward, mode="reduce-overhead")``, calling ``torch.compiler.cudagraph_mark_step_begin()``
-  before every call and cloning the logits: the fix for "accessing tensor output of CUDAGraphs that has been
-  overwritten by a subsequent run" seen with a plain manual compile (DEVICE.md).
+- ``hf_static_compile_auto``: ``cache_implementation="static"`` and transformers' own auto-compile (its
+  ``CompileConfig`` default, reduce-overhead; CUDA only; a new cache per call).
 - ``hf_prompt_lookup``: prompt lookup decoding (``prompt_lookup_num_tokens=K``); transformers supports it at batch 1.
 - ``hf_assisted``: assisted generation with a draft model (``assistant_model``); batch 1.
+
+Why the first H200 run of a compiled peer never finished: it compiled the whole ``model.forward`` (prefill
+included) without ``fullgraph``, on transformers' fresh static cache of every ``generate`` call, under a run-wide
+budget that is checked only between points, so one point's compile could outlast the device's limit.
+Now each compiled system gets its own time budget (``SystemBudget``), enforced inside calls too: points that
+cannot finish in it are recorded as skipped, with the reason.
 
 Batches are left-padded to one common prompt length so compiled variants see a fixed shape per batch size.
 """
@@ -21,8 +30,11 @@ Batches are left-padded to one common prompt length so compiled variants see a f
 from __future__ import annotations
 
 import contextlib
+import inspect
+import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,20 +43,87 @@ HF_SYSTEMS = (
     "hf_static_compile",
     "hf_static_compile_default",
     "hf_static_compile_mnc",
-    "hf_static_compile_markstep",
+    "hf_static_compile_auto",
     "hf_prompt_lookup",
     "hf_assisted",
 )
-COMPILE_MODES = {
-    "hf_static_compile": None,  # transformers' default CompileConfig (reduce-overhead)
+COMPILE_MODES = {  # our explicit static-cache compile, by system
+    "hf_static_compile": "reduce-overhead",
     "hf_static_compile_default": "default",
     "hf_static_compile_mnc": "max-autotune-no-cudagraphs",
 }
+AUTO_COMPILE = "hf_static_compile_auto"
+COMPILED = (*COMPILE_MODES, AUTO_COMPILE)
 BATCH1_ONLY = ("hf_prompt_lookup", "hf_assisted")
+DEFAULT_SYSTEM_BUDGET_S = 300.0
 
 
 class Unsupported(Exception):
     """This peer cannot run this configuration (recorded as skipped, with the reason)."""
+
+
+class PeerTimeout(Exception):
+    """A peer system ran past its own time budget (the point and the rest of the system are skipped)."""
+
+
+class SystemBudget:
+    """Wall-clock budget of one peer system (compile, warm-up and all its points), started at construction.
+
+    ``guard()`` bounds a single call too: in the main thread a SIGALRM at the deadline raises ``PeerTimeout``
+    inside it (a compile that would run for hours is interrupted); elsewhere only between calls.
+    """
+
+    def __init__(self, system: str, seconds: float | None) -> None:
+        self.system = system
+        self.seconds = seconds if seconds and seconds > 0 else None
+        self.t0 = time.monotonic()
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def remaining(self) -> float | None:
+        return None if self.seconds is None else self.seconds - self.elapsed
+
+    def reason(self) -> str:
+        return f"{self.system}: its time budget of {self.seconds:g} s is exhausted (--peer-time-budget-s)"
+
+    def exhausted(self) -> bool:
+        left = self.remaining()
+        return left is not None and left <= 0
+
+    def check(self) -> None:
+        if self.exhausted():
+            raise PeerTimeout(self.reason())
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        self.check()
+        left = self.remaining()
+        if left is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        fired = False
+
+        def on_alarm(signum: int, frame: Any) -> None:
+            nonlocal fired
+            fired = True
+            raise PeerTimeout(self.reason() + " (interrupted mid-call)")
+
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3))
+        try:
+            yield
+        except PeerTimeout:
+            raise
+        except Exception as e:  # e.g. dynamo wraps the alarm's exception raised inside tracing
+            if fired:
+                raise PeerTimeout(self.reason() + " (interrupted mid-call)") from e
+            raise
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass
@@ -52,6 +131,17 @@ class BatchResult:
     wall_s: float
     output_tokens: int
     token_ids: list[list[int]]
+
+
+def compiled_graph_count() -> int:
+    """Graphs dynamo has compiled in this process (``torch._dynamo`` counters): the delta over a run shows how
+    often a compiled peer (re)compiled."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - private counters; absent means unknown
+        return -1
 
 
 class HFPeer:
@@ -72,6 +162,11 @@ class HFPeer:
         pad = gc.pad_token_id if gc.pad_token_id is not None else self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
         self._assistants: dict[str, Any] = {}
+        # transformers >= 5.20 names the cache argument ``cache`` (``past_key_values`` before, still accepted)
+        params = inspect.signature(type(self.model).forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._static_caches: dict[tuple[int, int], Any] = {}  # (batch, max_cache_len) -> StaticCache
+        self._compiled: dict[str, Callable[..., Any]] = {}  # compile mode -> compiled model.forward
 
     def assistant(self, model_dir: str) -> Any:
         if model_dir not in self._assistants:
@@ -93,41 +188,68 @@ class HFPeer:
             mask[i, pad_to - len(p) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
+    def _static_cache(self, batch_size: int, max_cache_len: int) -> Any:
+        """One ``StaticCache`` per (batch, length), zeroed and reused: the compiled decode step sees the same
+        tensors every call (transformers' own path allocates a fresh cache per ``generate``)."""
+        key = (batch_size, max_cache_len)
+        cache = self._static_caches.get(key)
+        if cache is None:
+            from transformers import StaticCache
+
+            cache = self._static_caches[key] = StaticCache(
+                config=self.model.config, max_cache_len=max_cache_len
+            )
+        else:
+            cache.reset()
+        return cache
+
     @contextlib.contextmanager
-    def _system(self, system: str) -> Iterator[dict[str, Any]]:
+    def _compiled_decode(self, mode: str) -> Iterator[None]:
+        """Route decode steps (not the prefill) of the next ``generate`` through the compiled forward."""
+        torch, model = self.torch, self.model
+        eager = model.forward
+        compiled = self._compiled.get(mode)
+        if compiled is None:
+            compiled = torch.compile(eager, mode=mode, fullgraph=True, dynamic=False)
+            self._compiled[mode] = compiled
+        cuda = self.device.type == "cuda"
+        calls = 0
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:  # the prefill: eager (any prompt length; initializes the cache outside the graph)
+                return eager(*args, **kwargs)
+            if cuda:
+                torch.compiler.cudagraph_mark_step_begin()
+            out = compiled(*args, **kwargs)
+            if cuda:
+                out.logits = out.logits.clone()  # [b, 1, V] outlives the next graph replay
+            return out
+
+        model.forward = forward
+        try:
+            yield
+        finally:
+            del model.forward
+
+    @contextlib.contextmanager
+    def _system(self, system: str, batch_size: int, max_cache_len: int) -> Iterator[dict[str, Any]]:
         """Generate kwargs for ``system`` (and temporary model patches, undone on exit)."""
-        torch = self.torch
         if system == "hf_dynamic" or system in BATCH1_ONLY:
             yield {}
             return
-        if self.device.type != "cuda":
-            raise Unsupported("transformers compiles static-cache decoding only on CUDA")
         if system in COMPILE_MODES:
+            cache = self._static_cache(batch_size, max_cache_len)
+            with self._compiled_decode(COMPILE_MODES[system]):
+                yield {self._cache_kwarg: cache, "disable_compile": True}
+            return
+        if system == AUTO_COMPILE:
+            if self.device.type != "cuda":
+                raise Unsupported("transformers auto-compiles static-cache decoding only on CUDA")
             from transformers import CompileConfig
 
-            mode = COMPILE_MODES[system]
-            yield {
-                "cache_implementation": "static",
-                "compile_config": CompileConfig() if mode is None else CompileConfig(mode=mode),
-            }
-            return
-        if system == "hf_static_compile_markstep":
-            model = self.model
-            compiled = getattr(self, "_markstep_forward", None)
-            if compiled is None:
-                compiled = self._markstep_forward = torch.compile(model.forward, mode="reduce-overhead")
-
-            def forward(*args: Any, **kwargs: Any) -> Any:
-                torch.compiler.cudagraph_mark_step_begin()
-                out = compiled(*args, **kwargs)
-                out.logits = out.logits.clone()  # [b, t, V] outlives the next graph replay
-                return out
-
-            model.forward = forward
-            try:
-                yield {"cache_implementation": "static", "disable_compile": True}
-            finally:
-                del model.forward
+            yield {"cache_implementation": "static", "compile_config": CompileConfig()}
             return
         raise ValueError(f"unknown transformers system {system!r}; known: {HF_SYSTEMS}")
 
@@ -176,7 +298,7 @@ class HFPeer:
         if ignore_eos:
             gc.eos_token_id = None  # generate() fills unset values from here; None = never stop early
         try:
-            with self._system(system) as extra, torch.inference_mode():
+            with torch.inference_mode(), self._system(system, len(batch), pad_to + max_new_tokens) as extra:
                 kwargs.update(extra)
                 self._sync()
                 t0 = time.perf_counter()
@@ -199,8 +321,9 @@ class HFPeer:
             self.torch.cuda.synchronize(self.device)
 
     def reset_compile(self) -> None:
-        """Forget compiled graphs (after a failed or finished compiled system)."""
-        self.__dict__.pop("_markstep_forward", None)
+        """Forget compiled graphs and static caches (after a failed or finished compiled system)."""
+        self._compiled.clear()
+        self._static_caches.clear()
         with contextlib.suppress(Exception):
             self.torch._dynamo.reset()
         if self.device.type == "cuda":
@@ -217,40 +340,47 @@ def run_requests(
     ignore_eos: bool,
     pad_to: int,
     warmup: bool = True,
+    budget: SystemBudget | None = None,
     **kw: Any,
 ) -> dict[str, Any]:
     """All ``prompts`` in static batches of ``batch_size`` (the last may be smaller); returns the run record.
 
-    The warm-up call uses the first batch at full length, so compiled variants compile before timing.
+    The warm-up call (outside the timed region) uses the first batch at full length, so compiled variants
+    compile before timing. Every call runs under ``budget`` (``PeerTimeout`` when it runs out).
     """
     if system in BATCH1_ONLY and batch_size != 1:
         raise Unsupported(
             f"{system}: transformers supports assisted / prompt-lookup decoding at batch 1 only"
         )
+    guard = budget.guard if budget is not None else contextlib.nullcontext
     batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+    graphs0 = compiled_graph_count()
     warm_s = None
     if warmup:
         t0 = time.perf_counter()
-        compiled = system not in ("hf_dynamic", *BATCH1_ONLY)
-        peer.generate(
-            system,
-            batches[0],
-            max_new_tokens if compiled else min(8, max_new_tokens),
-            temperature,
-            ignore_eos,
-            pad_to,
-            **kw,
-        )
+        compiled = system in COMPILED
+        with guard():
+            peer.generate(
+                system,
+                batches[0],
+                max_new_tokens if compiled else min(8, max_new_tokens),
+                temperature,
+                ignore_eos,
+                pad_to,
+                **kw,
+            )
         warm_s = time.perf_counter() - t0
+    graphs1 = compiled_graph_count()
     wall = 0.0
     tokens = 0
     outs: list[list[int]] = []
     for b in batches:
-        r = peer.generate(system, b, max_new_tokens, temperature, ignore_eos, pad_to, **kw)
+        with guard():
+            r = peer.generate(system, b, max_new_tokens, temperature, ignore_eos, pad_to, **kw)
         wall += r.wall_s
         tokens += r.output_tokens
         outs.extend(r.token_ids)
-    return {
+    rec = {
         "num_requests": len(prompts),
         "output_tokens": tokens,
         "wall_s": round(wall, 4),
@@ -259,3 +389,12 @@ def run_requests(
         "batching": "static batches (transformers generate)",
         "token_ids": outs,
     }
+    if system in COMPILED and graphs0 >= 0:
+        rec["compiled_graphs"] = {"warmup": graphs1 - graphs0, "timed": compiled_graph_count() - graphs1}
+    return rec
+
+
+def matching_fraction(outputs: list[list[int]], reference: list[list[int]]) -> float:
+    """Share of sequences identical to ``reference`` (e.g. a compiled peer vs ``hf_dynamic`` at T=0)."""
+    pairs = list(zip(outputs, reference))
+    return round(sum(x == y for x, y in pairs) / len(pairs), 4) if pairs else 0.0

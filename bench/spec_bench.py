@@ -8,8 +8,9 @@ step-time split (draft / verify / other), TTFT / ITL / TPOT percentiles.
 Modes: ``engine`` (default; offline, in-process ``LLMEngine``, closed loop: ``batch_size`` requests in flight,
 a new one added as soon as one finishes, ``max(num_prompts, batch_size)`` requests per point, prompts cycled)
 and ``server`` (HTTP load with concurrency C against running OpenAI-compatible servers, see
-``bench.server_bench``). Peers (``--peer``): transformers systems of ``bench.hf_peers`` (``hf`` = dynamic
-cache) and ``vllm`` (in a subprocess, skipped with the reason when vLLM is missing).
+``bench.server_bench``). Peers (``--peer``, run by ``bench.spec_peers``): transformers systems of
+``bench.hf_peers`` (``hf`` = dynamic cache) and ``vllm`` (in a subprocess, skipped with the reason when vLLM is
+missing).
 
 A speculative config is vLLM's ``--speculative-config`` JSON (a dict, or a list of dicts; the flag repeats);
 an optional ``"label"`` key names the system in the results. ``--sweep-num-speculative-tokens`` runs every
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
@@ -33,22 +33,13 @@ from bench.common import (
     environment,
     int_list,
     log,
-    module_available,
     prompt_token_ids,
     short_error,
 )
+from bench.hf_peers import DEFAULT_SYSTEM_BUDGET_S, HF_SYSTEMS
+from bench.spec_peers import run_hf_peers, run_vllm
 
-PEERS = (
-    "hf",
-    "hf_dynamic",
-    "hf_static_compile",
-    "hf_static_compile_default",
-    "hf_static_compile_mnc",
-    "hf_static_compile_markstep",
-    "hf_prompt_lookup",
-    "hf_assisted",
-    "vllm",
-)
+PEERS = ("hf", *HF_SYSTEMS, "vllm")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8,
         help="transformers peers: at most this many prompts per point (they are slow at batch 1).",
+    )
+    p.add_argument(
+        "--peer-time-budget-s",
+        type=float,
+        default=DEFAULT_SYSTEM_BUDGET_S,
+        help="Per peer system (transformers: compile + all points; vLLM: its subprocess); 0 = off.",
     )
     p.add_argument("--vllm-python", default=None, help="Python with vLLM installed (default: this one).")
     p.add_argument(
@@ -265,175 +262,6 @@ def run_engine_system(
     release_device_memory()
 
 
-def run_hf_peers(
-    args: argparse.Namespace,
-    model_dir: str,
-    systems: list[dict[str, Any]],
-    prompts: dict[str, list[list[int]]],
-    report: JsonReport,
-    budget: Budget,
-) -> None:
-    """transformers peers: plain systems for every point; prompt lookup per ngram config and assisted
-    generation per draft_model config (batch 1 only, skipped with the reason otherwise)."""
-    import torch
-
-    from bench.engine_load import release_device_memory
-    from bench.hf_peers import HFPeer, Unsupported, run_requests
-    from flexspec.models.loader import resolve_model_dir
-
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = {
-        "auto": torch.bfloat16 if device == "cuda" else torch.float32,
-        "float32": torch.float32,
-        "bfloat16": torch.bfloat16,
-    }[args.dtype]
-    peer = HFPeer(model_dir, device, dtype)
-    jobs: list[tuple[str, str, dict[str, Any]]] = []  # (label, hf system, kwargs)
-    for name in dict.fromkeys(args.peer):
-        if name == "vllm":
-            continue
-        hf_name = "hf_dynamic" if name == "hf" else name
-        if hf_name == "hf_prompt_lookup":
-            for s in systems:
-                if s["config"]["method"] == "ngram":
-                    kw = {
-                        "num_speculative_tokens": s["num_speculative_tokens"],
-                        "max_matching_ngram_size": s["config"].get("prompt_lookup_max"),
-                    }
-                    jobs.append((f"hf_prompt_lookup-{s['label']}", hf_name, kw))
-        elif hf_name == "hf_assisted":
-            for s in systems:
-                if s["config"]["method"] == "draft_model":
-                    kw = {
-                        "num_speculative_tokens": s["num_speculative_tokens"],
-                        "assistant_dir": str(resolve_model_dir(s["config"]["model"])),
-                    }
-                    jobs.append((f"hf_assisted-{s['label']}", hf_name, kw))
-        else:
-            jobs.append((hf_name, hf_name, {}))
-    for label, hf_name, kw in jobs:
-        for dataset, ds_prompts in prompts.items():
-            pad_to = max(len(p) for p in ds_prompts)
-            for b in args.batch_sizes:
-                point = {
-                    "mode": "engine",
-                    "peer": "transformers",
-                    "dataset": dataset,
-                    "system": label,
-                    "method": hf_name,
-                    "num_speculative_tokens": kw.get("num_speculative_tokens"),
-                    "batch_size": b,
-                }
-                if budget.exhausted():
-                    report.doc["runs"].append({**point, "skipped": "time budget exhausted"})
-                    continue
-                try:
-                    reqs = cycle_to(ds_prompts, max(min(args.num_prompts, args.peer_max_prompts), b))
-                    rec = run_requests(
-                        peer,
-                        hf_name,
-                        reqs,
-                        b,
-                        args.max_tokens,
-                        args.temperature,
-                        args.ignore_eos,
-                        pad_to,
-                        **kw,
-                    )
-                    rec.pop("token_ids", None)
-                    point.update(rec)
-                    log(f"{label} {dataset} b={b}: {rec['output_tokens_per_s']} tok/s")
-                except Unsupported as e:
-                    point["skipped"] = str(e)
-                except Exception as e:  # noqa: BLE001 - a failing peer is a result
-                    point["error"] = short_error(e)
-                    peer.reset_compile()
-                report.doc["runs"].append(point)
-                report.save()
-        peer.reset_compile()
-    del peer
-    release_device_memory()
-
-
-def run_vllm(
-    args: argparse.Namespace,
-    model_dir: str,
-    systems: list[dict[str, Any]],
-    prompts: dict[str, list[list[int]]],
-    report: JsonReport,
-    budget: Budget,
-) -> None:
-    """vLLM peer: ``bench/vllm_peer.py`` in a subprocess per system (its own interpreter / venv and its own
-    GPU memory). Skipped, with the reason recorded, when vLLM is not importable."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    python = args.vllm_python or sys.executable
-    if args.vllm_python is None and not module_available("vllm"):
-        report.doc["runs"].append(
-            {
-                "mode": "engine",
-                "peer": "vllm",
-                "system": "vllm",
-                "skipped": "vllm is not importable here (pass --vllm-python)",
-            }
-        )
-        report.save()
-        return
-    script = Path(__file__).with_name("vllm_peer.py")
-    dtype = args.dtype
-    if dtype == "auto":  # the dtype our engine used: float32 on CPU, bfloat16 on GPU
-        import torch
-
-        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-        dtype = "bfloat16" if cuda else "float32"
-    jobs = [{"label": "vllm", "config": None}]
-    jobs += [{"label": f"vllm-{s['label']}", "config": s["config"]} for s in systems]
-    for system in jobs:
-        if budget.exhausted():
-            report.doc["runs"].append(
-                {
-                    "mode": "engine",
-                    "peer": "vllm",
-                    "system": system["label"],
-                    "skipped": "time budget exhausted",
-                }
-            )
-            continue
-        job = {
-            "model": model_dir,
-            "dtype": dtype,
-            "temperature": args.temperature,
-            "max_tokens": args.max_tokens,
-            "ignore_eos": args.ignore_eos,
-            "seed": args.seed,
-            "batch_sizes": args.batch_sizes,
-            "num_prompts": args.num_prompts,
-            "max_model_len": args.max_model_len,
-            "gpu_memory_utilization": args.gpu_memory_utilization,
-            "prompts": prompts,
-            "systems": [system],
-        }
-        with tempfile.TemporaryDirectory() as tmp:
-            inp, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-            inp.write_text(json.dumps(job))
-            log(f"{system['label']}: running vLLM with {python}")
-            proc = subprocess.run(
-                [python, str(script), str(inp), str(out)], capture_output=True, text=True, check=False
-            )
-            if proc.returncode != 0 or not out.is_file():
-                tail = (proc.stderr or proc.stdout)[-1500:]
-                report.doc["errors"].append(
-                    {"system": system["label"], "stage": "vllm subprocess", "error": tail}
-                )
-            else:
-                result = json.loads(out.read_text())
-                report.doc["runs"].extend(result.get("runs", []))
-                report.doc["env"]["vllm"] = result.get("env")
-        report.save()
-
-
 def add_ratios(runs: list[dict[str, Any]]) -> None:
     """throughput_ratio = tokens/s of a point / tokens/s of its baseline at the same dataset, batch and mode:
     our plain engine for our methods, transformers dynamic for transformers peers, vLLM plain for vLLM."""
@@ -501,7 +329,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if any(p != "vllm" for p in args.peer):
             run_hf_peers(args, model_dir, systems, prompts, report, budget)
         if "vllm" in args.peer:
-            run_vllm(args, model_dir, systems, prompts, report, budget)
+            run_vllm(args, model_dir, systems, prompts, report, budget, plain_tokens)
     add_ratios(report.doc["runs"])
     report.doc["elapsed_s"] = round(budget.elapsed, 1)
     report.save()
