@@ -220,7 +220,7 @@ def dashboard_provision(
         from grafana_client.client import GrafanaException
         from requests import RequestException
 
-        from cluster.dashboard import provision
+        from cluster.dashboard_provision import provision
     except ImportError as e:
         _fail(f"provisioning needs the [ops] extra (pip install -e '.[ops]'): {e}")
     try:
