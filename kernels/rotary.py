@@ -88,11 +88,13 @@ def _rotary_kernel(
                 k_ptr + t * k_stride_t, k_cache_ptr + slot_base, k_stride_h, 2 * HALF, cos, sin, num_kv_heads,
                 HALF, BLOCK_HK,
             )  # fmt: skip
-            heads = tl.arange(0, BLOCK_HK)
-            dims = tl.arange(0, 2 * HALF)
-            mask = (heads < num_kv_heads)[:, None]
-            v = tl.load(v_ptr + t * v_stride_t + heads[:, None] * v_stride_h + dims[None, :], mask=mask)
-            tl.store(v_cache_ptr + slot_base + heads[:, None] * (2 * HALF) + dims[None, :], v, mask=mask)
+            kv_heads = tl.arange(0, BLOCK_HK)
+            head_dims = tl.arange(0, 2 * HALF)
+            kv_mask = (kv_heads < num_kv_heads)[:, None]
+            v_off = kv_heads[:, None] * v_stride_h + head_dims[None, :]
+            v = tl.load(v_ptr + t * v_stride_t + v_off, mask=kv_mask)
+            cache_off = kv_heads[:, None] * (2 * HALF) + head_dims[None, :]
+            tl.store(v_cache_ptr + slot_base + cache_off, v, mask=kv_mask)
 
 
 def _check_args(
