@@ -66,9 +66,11 @@ def main() -> None:
         }
         res["points"].append(point)
         print(json.dumps(point, indent=1))
+        if out_path:
+            json.dump(res, open(out_path, "w"), indent=1)
         for i in range(bs):
             engine.abort(f"p{bs}-{i}")
-        while engine.has_unfinished():
+        while engine.has_unfinished:
             engine.step()
     if out_path:
         json.dump(res, open(out_path, "w"), indent=1)
