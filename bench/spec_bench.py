@@ -227,6 +227,8 @@ def run_engine_system(
                 for i in range(len(reqs))
             ]
             before = spec_metrics_snapshot(engine)
+            policy = getattr(engine, "policy", None)
+            modes_before = dict(policy.mode_counts) if policy is not None else {}
             try:
                 res = run_closed_loop(
                     engine, timers, reqs, params, b, f"{label} {dataset} b={b}", not args.no_progress
@@ -245,6 +247,10 @@ def run_engine_system(
                 step_time=timers.summary(res.steps),
                 latency=res.latency(),
             )
+            if policy is not None:  # how often the per-batch policy chose each mode during this point
+                point["policy_decisions"] = {
+                    m: c - modes_before.get(m, 0) for m, c in policy.mode_counts.items() if c > modes_before.get(m, 0)
+                }
             if cfg is None:
                 plain_tokens[(dataset, b)] = res.token_ids
             elif (dataset, b) in plain_tokens and args.temperature == 0:
