@@ -198,7 +198,9 @@ def run_engine_system(
     n_warm = max_bs if args.warmup is None else args.warmup
     if n_warm:
         first = next(iter(prompts.values()))
-        warm = SamplingParams(max_tokens=16, temperature=args.temperature, ignore_eos=True, seed=args.seed)
+        # 64 tokens: long enough for the auto policy's warm-up (WARMUP_SAMPLES + 1 steps of each mode) to end
+        # before timing, and for every Triton kernel of every mode to be compiled.
+        warm = SamplingParams(max_tokens=64, temperature=args.temperature, ignore_eos=True, seed=args.seed)
         run_closed_loop(engine, timers, cycle_to(first, n_warm), [warm] * n_warm, max_bs, "warm-up", False)
     for dataset, ds_prompts in prompts.items():
         for b in args.batch_sizes:
