@@ -55,6 +55,10 @@ class Drafter(ABC):
     """Base class: proposes up to ``num_speculative_tokens`` drafts per sequence per step."""
 
     method: ClassVar[str]
+    # False when a step that asks for no drafts needs nothing from the drafter (its state is the committed
+    # token history only, which the worker keeps): such steps skip ``propose``. Drafters that feed on every
+    # step's target hidden states (DFlash's context K/V, EAGLE-3, MTP) or keep their own KV cache stay True.
+    observes_every_step: ClassVar[bool] = True
 
     def __init__(self, config, runner: ModelRunner) -> None:
         self.config = config

@@ -32,6 +32,7 @@ from kernels import expand_mask_groups
 @register
 class FlexDraftDrafter(Drafter):
     method = "flexdraft"
+    observes_every_step = False
 
     def __init__(self, config, runner) -> None:
         super().__init__(config, runner)

@@ -33,6 +33,7 @@ def ngram_propose(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[in
 @register
 class NgramDrafter(Drafter):
     method = "ngram"
+    observes_every_step = False
 
     def propose(self, batch: list[SeqDraftInput], captured: list[torch.Tensor]) -> DraftProposal:
         cfg = self.config

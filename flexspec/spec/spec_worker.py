@@ -13,7 +13,7 @@ import torch
 
 from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.sampler import SamplingMetadata
-from flexspec.spec.base import SeqDraftInput
+from flexspec.spec.base import DraftProposal, SeqDraftInput
 from flexspec.spec.registry import build_drafter
 from flexspec.spec.verifier import verify
 
@@ -61,7 +61,11 @@ class SpecDecodeWorker:
         emitted = runner.tp.broadcast_object(emitted)  # type: ignore[assignment]
         assert emitted is not None
 
-        proposal = self.drafter.propose(self._draft_inputs(inp, emitted), captured)
+        batch = self._draft_inputs(inp, emitted)
+        if inp.num_speculative_tokens == 0 and not self.drafter.observes_every_step:
+            proposal = DraftProposal(token_ids=[[] for _ in batch])  # a plain step: nothing to draft
+        else:
+            proposal = self.drafter.propose(batch, captured)
         for s in emit_idx:
             self.pending_probs[inp.seq_ids[s]] = proposal.draft_probs[s] if proposal.draft_probs else None
         if out is not None:
