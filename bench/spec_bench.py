@@ -199,7 +199,9 @@ def run_engine_system(
     n_warm = max_bs if args.warmup is None else args.warmup
     if n_warm:
         first = next(iter(prompts.values()))
-        warm = SamplingParams(max_tokens=16, temperature=args.temperature, ignore_eos=True, seed=args.seed)
+        # 64 tokens: long enough for the auto policy's warm-up (WARMUP_SAMPLES + 1 steps of each mode) to end
+        # before timing, and for every Triton kernel of every mode to be compiled.
+        warm = SamplingParams(max_tokens=64, temperature=args.temperature, ignore_eos=True, seed=args.seed)
         run_closed_loop(engine, timers, cycle_to(first, n_warm), [warm] * n_warm, max_bs, "warm-up", False)
     for dataset, ds_prompts in prompts.items():
         for b in args.batch_sizes:
@@ -228,6 +230,8 @@ def run_engine_system(
                 for i in range(len(reqs))
             ]
             before = spec_metrics_snapshot(engine)
+            policy = getattr(engine, "policy", None)
+            modes_before = dict(policy.mode_counts) if policy is not None else {}
             try:
                 res = run_closed_loop(
                     engine, timers, reqs, params, b, f"{label} {dataset} b={b}", not args.no_progress
@@ -246,6 +250,10 @@ def run_engine_system(
                 step_time=timers.summary(res.steps),
                 latency=res.latency(),
             )
+            if policy is not None:  # how often the per-batch policy chose each mode during this point
+                point["policy_decisions"] = {
+                    m: c - modes_before.get(m, 0) for m, c in policy.mode_counts.items() if c > modes_before.get(m, 0)
+                }
             if cfg is None:
                 plain_tokens[(dataset, b)] = res.token_ids
             elif (dataset, b) in plain_tokens and args.temperature == 0:

@@ -3,13 +3,18 @@
 The file is the same one ``serve deploy`` / ``serve run`` take (``applications: [{name, route_prefix,
 import_path, args, deployments}]``); it is deployed the way ``serve run CONFIG`` does it, so ``deployments``
 overrides apply too. Before anything starts, every application that uses ``cluster.app:build_app`` has its
-``args`` validated with ``ServeArgs`` so a bad field fails at once, named.
+``args`` validated with ``ServeArgs`` so a bad field fails at once, named (:class:`ServeConfigError`, one line).
+
+Exit codes of :func:`serve_forever` (it serves until stopped): 128 + N after signal N (143 for SIGTERM, 130 for
+Ctrl-C), as supervised servers report a stop by signal; 1 when the deployment failed, cannot be placed on the
+cluster's nodes, or was not ready in time.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,11 +23,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from cluster.readiness import BUILDER, app_demands, cluster_nodes, pending_report, summarize, unplaceable
 from configs.serve import ServeArgs
 
 log = logging.getLogger(__name__)
 
-BUILDER = "cluster.app:build_app"
+
+class ServeConfigError(ValueError):
+    """A Serve config file that cannot be used; the message is one line naming the field or the YAML position."""
 
 
 def validation_message(e: ValidationError, prefix: str = "") -> str:
@@ -48,22 +56,83 @@ def load_serve_config(path: Path, host: str | None = None, port: int | None = No
     """Parse and validate a Serve config file; returns Ray's ``ServeDeploySchema``.
 
     Raises:
-        FileNotFoundError, yaml.YAMLError, pydantic.ValidationError (field named, e.g.
-        ``applications.0.args.engine.max_model_len``).
+        ServeConfigError: unreadable file, invalid YAML (line and column), a wrong shape, an invalid field
+            (named, e.g. ``applications.0.args.engine.max_model_len``) or a port outside 1-65535.
     """
     from ray.serve.schema import ServeDeploySchema
 
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    for i, app in enumerate(raw.get("applications") or []):
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ServeConfigError(f"cannot read the file: {e}") from e
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ServeConfigError(_yaml_message(e)) from e
+    if not isinstance(raw, dict):
+        raise ServeConfigError(f"expected a mapping with 'applications' at the top, got {type(raw).__name__}")
+    apps = raw.get("applications")
+    if apps is not None and not isinstance(apps, list):
+        raise ServeConfigError(f"applications: expected a list, got {type(apps).__name__}")
+    for i, app in enumerate(apps or []):
+        if not isinstance(app, dict):
+            raise ServeConfigError(f"applications.{i}: expected a mapping, got {type(app).__name__}")
         if app.get("import_path") == BUILDER:
             try:
                 ServeArgs.model_validate(app.get("args") or {})
             except ValidationError as e:
-                raise ValueError(validation_message(e, prefix=f"applications.{i}.args")) from e
+                raise ServeConfigError(validation_message(e, prefix=f"applications.{i}.args")) from e
     if host is not None or port is not None:
-        http = raw.setdefault("http_options", {}) or {}
+        http = raw.get("http_options") or {}
+        if not isinstance(http, dict):
+            raise ServeConfigError(f"http_options: expected a mapping, got {type(http).__name__}")
         raw["http_options"] = http | ({"host": host} if host else {}) | ({"port": port} if port else {})
-    return ServeDeploySchema.model_validate(raw)
+    try:
+        config = ServeDeploySchema.model_validate(raw)
+    except ValidationError as e:
+        raise ServeConfigError(validation_message(e)) from e
+    if not 1 <= config.http_options.port <= 65535:
+        raise ServeConfigError(f"http_options.port: {config.http_options.port} is not a TCP port (1-65535)")
+    return config
+
+
+def _yaml_message(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"invalid YAML{where}: {problem}"
+
+
+def local_model_problems(config: Any) -> list[str]:
+    """Models of ``build_app`` applications that are neither built in nor an existing path on this machine, one
+    line each naming the field (``applications.0.args.model: unknown model 'x': ...``).
+
+    Only meaningful where the replicas run on this machine (the local cluster of ``flexspec serve``); on a remote
+    cluster a path may exist only there.
+    """
+    from flexspec.models.registry import BUILTIN_DRAFTERS, BUILTIN_MODELS
+
+    problems = []
+    for i, app in enumerate(config.applications):
+        if app.import_path != BUILDER:
+            continue
+        given = app.args or {}
+        args = ServeArgs.model_validate(given)
+        where = f"applications.{i}.args" + ("" if "model" in given else ".engine")
+        checks = [(f"{where}.model", args.engine.model, BUILTIN_MODELS)]
+        spec = args.engine.speculative_config
+        if spec is not None and getattr(spec, "model", None):
+            where = f"applications.{i}.args" + ("" if "speculative_config" in given else ".engine")
+            checks.append(
+                (f"{where}.speculative_config.model", spec.model, BUILTIN_DRAFTERS | BUILTIN_MODELS)
+            )
+        for field, model, known in checks:
+            if model not in known and not Path(model).expanduser().exists():
+                problems.append(
+                    f"{field}: unknown model {model!r}: not a built-in id ({', '.join(known)}) nor an existing "
+                    "folder or .gguf file"
+                )
+    return problems
 
 
 def serve_forever(
@@ -73,11 +142,15 @@ def serve_forever(
     host: str | None = None,
     port: int | None = None,
     ready_timeout_s: float = 1800.0,
+    grace_s: float = 15.0,
 ) -> int:
-    """Deploy ``path`` and block until SIGTERM/SIGINT; then shut Serve and Ray down. Returns an exit code.
+    """Deploy ``path`` and block until SIGTERM/SIGINT; then shut Serve and Ray down. Returns an exit code (module
+    docstring).
 
     ``address=None`` starts a new local Ray cluster (``address="local"``: never attaches to a stale
-    ``ray_current_cluster`` left by ``ray stop``); ``address="auto"`` attaches to a running one.
+    ``ray_current_cluster`` left by ``ray stop``); ``address="auto"`` attaches to a running one. A replica that no
+    node of a local cluster can hold fails at once, naming what is missing; on an attached cluster (which an
+    autoscaler may grow) it is reported after ``grace_s`` and waited for up to ``ready_timeout_s``.
     """
     import ray
     from ray import serve
@@ -86,25 +159,48 @@ def serve_forever(
 
     config = load_serve_config(path, host, port)
     stop = threading.Event()
+    received: list[int] = []
 
     def _on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: shutting down", signum)
+        received.append(signum)
         stop.set()
 
-    ray.init(address=address or "local", namespace="serve", num_cpus=num_cpus if address is None else None)
+    def stopped_code() -> int:
+        return 128 + received[0]
+
+    try:
+        ray.init(
+            address=address or "local", namespace="serve", num_cpus=num_cpus if address is None else None
+        )
+    except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError...: Ray's wording says why
+        return _error(f"cannot start or reach Ray (address {address or 'local'!r}): {summarize(str(e))}")
     # After ray.init: Ray's core worker installs a SIGTERM handler that kills the process mid-shutdown.
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    serve_started = False
     try:
+        can_grow = address is not None
+        problems = unplaceable(app_demands(config), cluster_nodes())
+        if problems and not can_grow:
+            return _error("cannot place the deployment on this local Ray cluster: " + "; ".join(problems))
+        if problems:
+            print("flexspec: waiting for the cluster to grow: " + "; ".join(problems), flush=True)
         # What `serve run CONFIG` does: start Serve with the file's proxy/HTTP options, then deploy its apps.
-        client = serve_api.serve_start(
-            http_options=config.http_options.model_dump(),
-            proxy_location=config.proxy_location,
-            grpc_options=gRPCOptions(**config.grpc_options.model_dump()),
-            controller_options=config.controller_options,
-        )
-        client.deploy_apps(config, _blocking=False)
+        try:
+            client = serve_api.serve_start(
+                http_options=config.http_options.model_dump(),
+                proxy_location=config.proxy_location,
+                grpc_options=gRPCOptions(**config.grpc_options.model_dump()),
+                controller_options=config.controller_options,
+            )
+            serve_started = True
+            client.deploy_apps(config, _blocking=False)
+        except Exception as e:  # noqa: BLE001 - e.g. the port is taken, the host is not this machine's
+            return _error(f"Ray Serve could not start: {summarize(str(e))}")
         names = [a.name for a in config.applications]
-        code = _wait_ready(names, stop, ready_timeout_s)
+        code = _wait_ready(names, stop, ready_timeout_s, can_grow=can_grow, grace_s=grace_s)
+        if received:
+            return stopped_code()
         if code == 0:
             url = f"http://{config.http_options.host}:{config.http_options.port}"
             print(
@@ -112,31 +208,70 @@ def serve_forever(
                 flush=True,
             )
             stop.wait()
+            return stopped_code()
         return code
     finally:
         try:
-            serve.shutdown()
+            if serve_started:
+                serve.shutdown()
         finally:
             ray.shutdown()
             for s, h in previous.items():
                 signal.signal(s, h)
 
 
-def _wait_ready(names: list[str], stop: threading.Event, timeout_s: float) -> int:
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _wait_ready(
+    names: list[str],
+    stop: threading.Event,
+    timeout_s: float,
+    can_grow: bool = False,
+    grace_s: float = 15.0,
+    report_every_s: float = 60.0,
+) -> int:
+    """0 once every app of ``names`` is RUNNING (or on ``stop``), 1 when one failed, cannot be placed (after
+    ``grace_s``, unless ``can_grow``) or is not ready after ``timeout_s``. What it waits for is printed after
+    ``grace_s`` and again whenever it changes (at most every ``report_every_s``)."""
     from ray import serve
 
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    last_report: list[str] = []
+    last_print = -float("inf")
     while not stop.is_set():
         apps = serve.status().applications
         states = {n: apps[n] for n in names if n in apps}
-        failed = [f"{n}: {s.message}" for n, s in states.items() if str(s.status).endswith("DEPLOY_FAILED")]
+        failed = [_failure(n, s) for n, s in states.items() if str(s.status).endswith("DEPLOY_FAILED")]
         if failed:
-            print("flexspec: deployment failed:\n" + "\n".join(failed), flush=True)
-            return 1
+            return _error("deployment failed: " + "; ".join(failed))
         if len(states) == len(names) and all(str(s.status).endswith("RUNNING") for s in states.values()):
             return 0
-        if time.monotonic() > deadline:
-            print(f"flexspec: not ready after {timeout_s:.0f}s", flush=True)
-            return 1
+        elapsed = time.monotonic() - start
+        if elapsed >= grace_s or elapsed > timeout_s:
+            stuck, waiting = pending_report(names, apps)
+            if stuck and not can_grow:
+                return _error("cannot place the deployment on this Ray cluster: " + "; ".join(stuck))
+            if elapsed > timeout_s:
+                states_line = [f"{n}: {str(s.status).rsplit('.', 1)[-1]}" for n, s in states.items()]
+                return _error(
+                    f"not ready after {timeout_s:.0f}s: " + "; ".join(states_line + stuck + waiting)
+                )
+            report = stuck + waiting
+            if report and report != last_report and elapsed - last_print >= report_every_s:
+                print(f"flexspec: not ready after {elapsed:.0f}s: " + "; ".join(report), flush=True)
+                last_report, last_print = report, elapsed
         stop.wait(1.0)
     return 0
+
+
+def _failure(name: str, status: Any) -> str:
+    """``app: message`` of a failed app, with its failed deployments' own messages (the app's says only which)."""
+    parts = [summarize(status.message)] + [
+        f"{dep_name}: {summarize(dep.message)}"
+        for dep_name, dep in (status.deployments or {}).items()
+        if not str(dep.status).endswith("HEALTHY") and dep.message
+    ]
+    return f"{name}: " + " ".join(p for p in parts if p)

@@ -28,6 +28,13 @@ class _SpecBase(BaseModel):
         "FlexDraft only) or decoupled (verify, then draft).",
     )
 
+    @model_validator(mode="after")
+    def _parallel_needs_flexdraft(self) -> _SpecBase:
+        method = getattr(self, "method", None)
+        if self.execution == "parallel" and method != "flexdraft":
+            raise ValueError(f"execution 'parallel' needs method 'flexdraft', not {method!r}")
+        return self
+
 
 class NgramConfig(_SpecBase):
     """Prompt lookup decoding: copy the continuation of the latest earlier match of the last n tokens."""

@@ -133,36 +133,51 @@ def serve(
     address: str | None = typer.Option(
         None, help="Ray cluster to use ('auto' = the running one); default: start a new local cluster."
     ),
-    num_cpus: int | None = typer.Option(None, help="CPUs of the local Ray cluster (default: all)."),
+    num_cpus: int | None = typer.Option(None, min=1, help="CPUs of the local Ray cluster (default: all)."),
     host: str | None = typer.Option(None, help="Override http_options.host of the config."),
-    port: int | None = typer.Option(None, help="Override http_options.port of the config."),
+    port: int | None = typer.Option(None, min=1, max=65535, help="Override http_options.port of the config."),
     api_key: str | None = typer.Option(
         None,
         "--api-key",
         help="Require 'Authorization: Bearer KEY' on /v1 (sets FLEXSPEC_API_KEY for the local cluster's "
         "processes; with --address, set it in the cluster's environment or ingress.api_key instead).",
     ),
+    ready_timeout: float = typer.Option(
+        1800.0, min=1, help="Seconds to wait for the apps to run before giving up (exit code 1)."
+    ),
 ) -> None:
-    """Serve the OpenAI API on Ray Serve from a config file; blocks until SIGTERM / Ctrl-C."""
+    """Serve the OpenAI API on Ray Serve from a config file; blocks until SIGTERM / Ctrl-C (exit code 128 +
+    signal: 143 / 130). Exit code 2: invalid config; 1: the deployment failed or cannot be placed."""
     import os
     from pathlib import Path
 
     try:
-        from cluster.launcher import default_config_path, load_serve_config, serve_forever
+        from cluster.launcher import (
+            ServeConfigError,
+            default_config_path,
+            load_serve_config,
+            local_model_problems,
+            serve_forever,
+        )
     except ImportError as e:
         _fail(f"serving needs the [serve] extra (pip install -e '.[serve]'): {e}")
     path = Path(config) if config else default_config_path()
     if not path.is_file():
         _fail(f"config file {path} not found")
     try:
-        load_serve_config(path, host, port)
-    except ValidationError as e:
-        _fail(f"{path}: {_validation_message(e)}")
-    except (ValueError, OSError) as e:
+        parsed = load_serve_config(path, host, port)
+    except ServeConfigError as e:
         _fail(f"{path}: {e}")
+    if address is None:  # replicas run on this machine: their models must be here
+        problems = local_model_problems(parsed)
+        if problems:
+            _fail(f"{path}: {'; '.join(problems)}")
     if api_key:
         os.environ["FLEXSPEC_API_KEY"] = api_key  # inherited by the local Ray cluster's workers
-    raise typer.Exit(serve_forever(path, address=address, num_cpus=num_cpus, host=host, port=port))
+    code = serve_forever(
+        path, address=address, num_cpus=num_cpus, host=host, port=port, ready_timeout_s=ready_timeout
+    )
+    raise typer.Exit(code)
 
 
 # Operations (issue 8): the Grafana dashboard generated from the metric definitions in cluster/metrics.py.
@@ -220,7 +235,7 @@ def dashboard_provision(
         from grafana_client.client import GrafanaException
         from requests import RequestException
 
-        from cluster.dashboard import provision
+        from cluster.dashboard_provision import provision
     except ImportError as e:
         _fail(f"provisioning needs the [ops] extra (pip install -e '.[ops]'): {e}")
     try:
@@ -253,7 +268,12 @@ def bench(ctx: typer.Context) -> None:
         sys.path.append(root)
     from bench.cli import run
 
-    run(list(ctx.args))
+    try:
+        run(list(ctx.args))
+    except FlexspecError as e:  # --device cuda without a GPU, an unknown --model, ...
+        _fail(e.message)
+    except json.JSONDecodeError as e:  # --profile / --speculative-config take JSON
+        _fail(f"an option that takes JSON is not valid JSON: {e}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,14 @@ class ContextLengthExceededError(InvalidRequestError):
     code = "context_length_exceeded"
 
 
+class ConfigError(FlexspecError, ValueError):
+    """An engine setting that this machine or model cannot satisfy, found while building the engine (e.g.
+    ``device='cuda'`` without a GPU, ``max_model_len`` past the model's limit); ``param`` names the field."""
+
+    status = 500
+    type = "invalid_config"
+
+
 class ModelNotFoundError(FlexspecError):
     status = 404
     type = "invalid_request_error"

@@ -5,9 +5,11 @@ Each op ``<op>`` dispatches on ``backend``: ``"auto"`` runs ``<op>_triton`` for 
 the interpreter (``TRITON_INTERPRET=1`` set before ``triton`` is imported).
 """
 
+from .activation import act_and_mul, act_and_mul_ref, act_and_mul_triton
 from .attention import pack_masks, paged_attention, paged_attention_ref, paged_attention_triton
 from .expansion import MaskGroups, expand_mask_groups, expand_mask_groups_ref, expand_mask_groups_triton
 from .kv_cache import store_kv_cache, store_kv_cache_ref, store_kv_cache_triton
+from .norm import rms_norm, rms_norm_ref, rms_norm_triton
 from .rejection import (
     PLACEHOLDER_TOKEN_ID,
     num_emitted,
@@ -15,10 +17,14 @@ from .rejection import (
     rejection_sample_ref,
     rejection_sample_triton,
 )
+from .rotary import rotary_embedding, rotary_embedding_ref, rotary_embedding_triton
 
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
     "MaskGroups",
+    "act_and_mul",
+    "act_and_mul_ref",
+    "act_and_mul_triton",
     "expand_mask_groups",
     "expand_mask_groups_ref",
     "expand_mask_groups_triton",
@@ -30,6 +36,12 @@ __all__ = [
     "rejection_sample",
     "rejection_sample_ref",
     "rejection_sample_triton",
+    "rms_norm",
+    "rms_norm_ref",
+    "rms_norm_triton",
+    "rotary_embedding",
+    "rotary_embedding_ref",
+    "rotary_embedding_triton",
     "store_kv_cache",
     "store_kv_cache_ref",
     "store_kv_cache_triton",

@@ -1,8 +1,15 @@
-"""Incremental detokenization (vLLM's prefix/read-offset scheme) and stop-string matching."""
+"""Incremental detokenization and stop-string matching.
+
+Fast (Rust) tokenizers decode through ``tokenizers.decoders.DecodeStream`` (a few microseconds a token, as vLLM's
+``FastIncrementalDetokenizer``); other tokenizers use vLLM's prefix/read-offset scheme, which calls ``decode``
+twice per token (~0.1 ms each through transformers: at batch 64 that was ~2 ms of every decode step on the H200).
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from tokenizers.decoders import DecodeStream
 
 _CONTEXT_TOKENS = 5  # prompt tokens kept as decoding context (leading-space / merge rules)
 
@@ -19,12 +26,18 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.text = ""
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)  # tokenizers.Tokenizer of a fast tokenizer
+        self._stream = DecodeStream(ids=self.ids, skip_special_tokens=True) if self._backend is not None else None
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def add(self, token_id: int) -> str:
         """Append one token; returns the new text it completes (may be empty)."""
+        if self._stream is not None:
+            delta = self._stream.step(self._backend, token_id) or ""
+            self.text += delta
+            return delta
         self.ids.append(token_id)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])

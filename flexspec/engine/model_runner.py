@@ -12,6 +12,7 @@ from flexspec.distributed import TPGroup
 from flexspec.engine.cuda_graphs import DecodeGraphs
 from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.sampler import SamplingMetadata, compute_logprobs, sample
+from flexspec.errors import ConfigError
 from flexspec.layers.attention import Attention, AttentionMetadata
 from flexspec.layers.rotary import RotaryEmbedding
 from flexspec.models.loader import load_config, load_weights, resolve_model_dir
@@ -36,7 +37,7 @@ def resolve_device(config: EngineConfig) -> torch.device:
     if config.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if config.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but no CUDA/ROCm device is visible")
+        raise ConfigError("device='cuda' but no CUDA/ROCm device is visible", param="device")
     return torch.device(config.device)
 
 
@@ -68,9 +69,10 @@ class ModelRunner:
         self.hf_config = load_config(self.model_dir)
         self.spec = ModelSpec.from_hf(self.hf_config)
         if config.max_model_len > self.spec.max_position_embeddings:
-            raise ValueError(
+            raise ConfigError(
                 f"max_model_len {config.max_model_len} exceeds the model's max_position_embeddings "
-                f"{self.spec.max_position_embeddings}"
+                f"{self.spec.max_position_embeddings}",
+                param="max_model_len",
             )
         self.model = build_model(self.spec, self.tp)
         load_weights(self.model, self.model_dir)
@@ -119,9 +121,10 @@ class ModelRunner:
         # Never more than the batch can use, and at least one full-length sequence.
         num_blocks = min(num_blocks, cfg.max_num_seqs * self.max_blocks_per_seq + 1)
         if num_blocks < self.max_blocks_per_seq:
-            raise ValueError(
+            raise ConfigError(
                 f"KV cache of {num_blocks} blocks cannot hold one sequence of max_model_len "
-                f"{cfg.max_model_len}; lower max_model_len or raise the memory budget"
+                f"{cfg.max_model_len}; lower max_model_len or raise the memory budget",
+                param="max_model_len",
             )
         shape_of = lambda a: (num_blocks, self.block_size, a.num_kv_heads, a.head_dim)
         for a in self.attn_layers:

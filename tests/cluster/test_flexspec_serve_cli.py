@@ -1,4 +1,5 @@
-"""``flexspec serve`` end to end: own local Ray cluster, the default config, one request, clean SIGTERM exit."""
+"""``flexspec serve`` end to end: own local Ray cluster, the default config, one request, SIGTERM exits 143 after a
+clean shutdown; a config whose replica no node can hold fails at once, naming what is missing."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import openai
+import yaml
 
 from configs import SamplingParams
 from tests.cluster.conftest import free_port
@@ -77,4 +79,23 @@ def test_flexspec_serve_default_config_and_sigterm(engine):
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-    assert code == 0, "".join(seen[-30:])
+    assert code == 128 + signal.SIGTERM, "".join(seen[-30:])  # 143, as supervised servers report SIGTERM
+
+
+def test_flexspec_serve_fails_fast_when_no_node_can_hold_a_replica(tmp_path):
+    """A replica asking for more CPUs than the local cluster has used to wait 30 minutes in silence."""
+    config = yaml.safe_load((ROOT / "configs" / "serve.yaml").read_text())
+    config["applications"][0]["args"]["cpus_per_worker"] = 64
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, "-m", "flexspec.cli", "serve", "--config", str(path), "--port", str(free_port()),
+           "--num-cpus", "2"]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert time.monotonic() - t0 < 180
+    assert (
+        "error: cannot place the deployment on this local Ray cluster: applications.0 (flexspec): LLMServer "
+        "replica needs CPU 64 on one node; the best node lacks CPU 62"
+    ) in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr

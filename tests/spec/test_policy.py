@@ -19,7 +19,7 @@ def _policy(**spec) -> SpeculationPolicy:
 
 
 def _train(policy, n, times, acceptance):
-    for _ in range(WARMUP_SAMPLES * 3):
+    for _ in range((WARMUP_SAMPLES + 1) * 3):  # each mode's first step is a switch step (not recorded)
         d = policy.decide(_sched(n))
         policy.observe(d.mode, n, times[d.mode], acceptance if d.mode != "plain" else None)
 
@@ -100,3 +100,34 @@ def test_positions_without_drafts_count_as_not_accepted():
     for _ in range(30):  # later steps verify one draft only: positions 2-4 accept nothing any more
         pol.observe("decoupled", 1, 1.0, [0.5])
     assert pol.expected_tokens_per_step("decoupled") == pytest.approx(1.5, abs=0.01)
+
+
+def test_only_steady_state_steps_are_timed():
+    """A step after a mode switch verifies the previous mode's drafts: its time belongs to neither mode."""
+    pol = _policy(execution="auto")
+    seen = []
+    for _ in range((WARMUP_SAMPLES + 1) * 3):
+        d = pol.decide(_sched(2))
+        switch = len(seen) > 0 and seen[-1] != d.mode
+        seen.append(d.mode)
+        pol.observe(d.mode, 2, 100.0 if switch else 1.0, None)  # switch steps are slow outliers
+    assert {m for (m, _) in pol.step_times} == {"plain", "decoupled", "parallel"}
+    assert all(st.seconds == 1.0 for st in pol.step_times.values())
+
+
+def test_a_pessimistic_estimate_is_probed_again():
+    """Decoupled looked bad once (0.6 of plain): it is still re-measured, for PROBE_STEPS steps in a row, and
+    wins once its real time shows."""
+    pol = _policy(execution="auto")
+    times = {"plain": 1.0, "decoupled": 3.0, "parallel": 50.0}
+    _train(pol, 4, times, [0.5, 0.3, 0.1, 0.05])  # decoupled: 1.95 / 3.0 = 0.65 of plain
+    times["decoupled"] = 1.2  # the real steady-state cost: 1.95 / 1.2 beats plain
+    modes = []
+    for _ in range(400):
+        d = pol.decide(_sched(4))
+        modes.append(d.mode)
+        pol.observe(d.mode, 4, times[d.mode], [0.5, 0.3, 0.1, 0.05] if d.mode != "plain" else None)
+    first = modes.index("decoupled")
+    assert modes[first + 1] == "decoupled"  # a probe is two steps: the first is a switch step
+    assert modes[-100:].count("decoupled") > 90
+    assert "parallel" not in modes  # 50x slower: never probed

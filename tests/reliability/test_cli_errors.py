@@ -1,0 +1,149 @@
+"""Bad input on the command line (issue 9's standard): every subcommand answers with one ``error:`` line naming
+the field or value and a non-zero exit code, never a Python traceback. None of these starts Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from flexspec.cli import app
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+
+
+def _run(args: list[str]):
+    result = CliRunner().invoke(app, args)
+    assert "Traceback" not in result.output, result.output
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), (
+        f"{type(result.exception).__name__}: {result.exception}"
+    )
+    return result
+
+
+def _default_config() -> dict:
+    return yaml.safe_load((CONFIGS / "serve.yaml").read_text())
+
+
+BAD_CONFIG_IDS = ["unclosed", "double-comma", "top-list", "apps-mapping", "app-string", "port-range", "port-type",
+                  "ray-field"]  # fmt: skip
+
+
+# ---- flexspec serve: the config file --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("applications:\n  - name: x\n    args: {engine: [\n", "invalid YAML at line 4"),
+        ("applications: [\n  {name: x,, }]\n", "invalid YAML at line 2"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("applications: {name: x}\n", "applications: expected a list"),
+        ("applications:\n  - just-a-string\n", "applications.0: expected a mapping"),
+        ("http_options: {port: 70000}\napplications: []\n", "http_options.port: 70000"),
+        ("http_options: {port: abc}\napplications: []\n", "http_options.port"),
+        ("applications: []\nproxy_location: Nowhere\n", "proxy_location"),
+    ],
+    ids=BAD_CONFIG_IDS,
+)
+def test_serve_rejects_bad_config_files(tmp_path, text, expected):
+    path = tmp_path / "serve.yaml"
+    path.write_text(text)
+    result = _run(["serve", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    assert expected in result.output and str(path) in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_serve_rejects_unreadable_config(tmp_path):
+    path = tmp_path / "serve.yaml"
+    path.write_bytes(b"\xff\xfe\x00bad")
+    result = _run(["serve", "--config", str(path)])
+    assert result.exit_code == 2 and "cannot read" in result.output
+
+
+@pytest.mark.parametrize(
+    ("port", "expected"), [("70000", "65535"), ("0", "--port"), ("abc", "--port"), ("-1", "--port")]
+)
+def test_serve_rejects_bad_port_option(port, expected):
+    result = _run(["serve", "--config", str(CONFIGS / "serve.yaml"), "--port", port])
+    assert result.exit_code == 2, result.output
+    assert expected in result.output
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "value"),
+    [
+        (lambda a: a.update(model="no-such-model"), "applications.0.args.model", "no-such-model"),
+        (
+            lambda a: a.pop("model") and a["engine"].update(model="/nonexistent/model.gguf"),
+            "applications.0.args.engine.model",
+            "/nonexistent/model.gguf",
+        ),
+        (
+            lambda a: a["speculative_config"].update(model="no-such-drafter"),
+            "applications.0.args.speculative_config.model",
+            "no-such-drafter",
+        ),
+    ],
+    ids=["model", "engine-model-path", "drafter"],
+)
+def test_serve_rejects_unknown_models_before_ray_starts(tmp_path, edit, field, value):
+    config = _default_config()
+    edit(config["applications"][0]["args"])
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = _run(["serve", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    assert f"{field}: unknown model {value!r}" in result.output
+
+
+def test_serve_checks_models_only_for_its_own_cluster(tmp_path, monkeypatch):
+    """With --address the replicas run elsewhere, where the path may exist: no local model check."""
+    import cluster.launcher
+
+    config = _default_config()
+    config["applications"][0]["args"]["model"] = "/models/only-on-the-cluster"
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(cluster.launcher, "serve_forever", lambda *a, **k: 0)
+    assert _run(["serve", "--config", str(path), "--address", "auto"]).exit_code == 0
+
+
+def test_parallel_execution_of_a_non_flexdraft_method_fails_at_load():
+    spec = '{"method": "ngram", "execution": "parallel"}'
+    result = _run(["generate", "hi", "--device", "cpu", "--speculative-config", spec])
+    assert result.exit_code == 2 and "execution 'parallel' needs method 'flexdraft'" in result.output
+
+
+# ---- generate / bench / train-drafter: settings the engine cannot satisfy ---------------------------------------
+@no_cuda
+def test_generate_device_cuda_without_cuda():
+    result = _run(["generate", "hi", "--device", "cuda"])
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: device='cuda' but no CUDA/ROCm device is visible"
+
+
+def test_generate_max_model_len_past_the_model():
+    result = _run(["generate", "hi", "--device", "cpu", "--max-model-len", "100000"])
+    assert result.exit_code == 2 and "max_model_len 100000 exceeds" in result.output
+
+
+@no_cuda
+def test_bench_device_cuda_without_cuda():
+    result = _run(["bench", "engine", "--device", "cuda"])
+    assert result.exit_code == 2 and "device='cuda'" in result.output
+
+
+def test_bench_json_option_that_is_not_json():
+    result = _run(["bench", "synthetic", "--profile", "abc"])
+    assert result.exit_code == 2 and "not valid JSON" in result.output
+
+
+def test_train_drafter_unknown_target(tmp_path):
+    result = _run(
+        ["train-drafter", "--method", "flexdraft", "--output", str(tmp_path / "run"), "--target", "nope"]
+    )
+    assert result.exit_code == 2 and "unknown model 'nope'" in result.output
