@@ -252,7 +252,9 @@ def run_engine_system(
             )
             if policy is not None:  # how often the per-batch policy chose each mode during this point
                 point["policy_decisions"] = {
-                    m: c - modes_before.get(m, 0) for m, c in policy.mode_counts.items() if c > modes_before.get(m, 0)
+                    m: c - modes_before.get(m, 0)
+                    for m, c in policy.mode_counts.items()
+                    if c > modes_before.get(m, 0)
                 }
             if cfg is None:
                 plain_tokens[(dataset, b)] = res.token_ids

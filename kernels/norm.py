@@ -56,12 +56,11 @@ def _rms_norm_kernel(
 def _check_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
     if x.dim() < 1 or weight.shape != (x.shape[-1],):
         raise ValueError(f"weight must be [H={x.shape[-1] if x.dim() else '?'}], got {tuple(weight.shape)}")
-    if residual is not None:
-        if residual.shape != x.shape or residual.dtype != x.dtype:
-            raise ValueError(
-                f"residual must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(residual.shape)}, "
-                f"{residual.dtype}"
-            )
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(
+            f"residual must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(residual.shape)}, "
+            f"{residual.dtype}"
+        )
     devices = {t.device for t in (x, weight, residual) if t is not None}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")

@@ -107,7 +107,9 @@ def _check_args(
     if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] * 2 != q.shape[2]:
         raise ValueError(f"cos/sin must be [max_position, D/2={q.shape[2] // 2}], got {tuple(cos.shape)}")
     if positions.shape != (q.shape[0],) or positions.dtype != torch.int64:
-        raise ValueError(f"positions must be int64 [T={q.shape[0]}], got {positions.dtype} {tuple(positions.shape)}")
+        raise ValueError(
+            f"positions must be int64 [T={q.shape[0]}], got {positions.dtype} {tuple(positions.shape)}"
+        )
     if q.dtype != k.dtype:
         raise ValueError(f"q and k dtypes differ: {q.dtype} vs {k.dtype}")
 

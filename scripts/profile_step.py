@@ -30,8 +30,11 @@ def main() -> None:
     res: dict = {"device": torch.cuda.get_device_name(0), "points": []}
     for bs in sizes:
         for i in range(bs):
-            engine.add_request(list(range(10, 40)), request_id=f"p{bs}-{i}",
-                               params=SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True))
+            engine.add_request(
+                list(range(10, 40)),
+                request_id=f"p{bs}-{i}",
+                params=SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True),
+            )
         for _ in range(4):  # prefill + a few decode steps
             engine.step()
         graphs = runner.graphs[0]
@@ -58,22 +61,25 @@ def main() -> None:
         count = sum(v[0] for v in per.values()) / STEPS
         top = sorted(per.items(), key=lambda kv: -kv[1][1])[:15]
         point = {
-            "batch_size": bs, "graph_batch_size": gbs, "graph_replay_ms": round(replay_ms, 4),
-            "kernel_time_ms_per_step": round(total_us / 1000, 4), "kernels_per_step": count,
+            "batch_size": bs,
+            "graph_batch_size": gbs,
+            "graph_replay_ms": round(replay_ms, 4),
+            "kernel_time_ms_per_step": round(total_us / 1000, 4),
+            "kernels_per_step": count,
             "top_kernels": [
-                {"name": n[:90], "per_step": c / STEPS, "us_per_step": round(t / STEPS, 2)} for n, (c, t) in top
+                {"name": n[:90], "per_step": c / STEPS, "us_per_step": round(t / STEPS, 2)}
+                for n, (c, t) in top
             ],
         }
         res["points"].append(point)
         print(json.dumps(point, indent=1))
         if out_path:
-            json.dump(res, open(out_path, "w"), indent=1)
+            with open(out_path, "w") as f:
+                json.dump(res, f, indent=1)
         for i in range(bs):
             engine.abort(f"p{bs}-{i}")
         while engine.has_unfinished:
             engine.step()
-    if out_path:
-        json.dump(res, open(out_path, "w"), indent=1)
 
 
 if __name__ == "__main__":

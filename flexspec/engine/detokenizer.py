@@ -26,8 +26,12 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.text = ""
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)  # tokenizers.Tokenizer of a fast tokenizer
-        self._stream = DecodeStream(ids=self.ids, skip_special_tokens=True) if self._backend is not None else None
+        self._backend = getattr(
+            tokenizer, "backend_tokenizer", None
+        )  # tokenizers.Tokenizer of a fast tokenizer
+        self._stream = (
+            DecodeStream(ids=self.ids, skip_special_tokens=True) if self._backend is not None else None
+        )
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -57,7 +57,12 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, kv_stored: bool = False
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. ``kv_stored``: the caller already wrote k/v to the cache
         (fused with RoPE)."""

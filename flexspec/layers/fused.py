@@ -18,6 +18,4 @@ def use_fused(x: torch.Tensor, *params: torch.Tensor) -> bool:
     """True when ``x`` is on CUDA (or ROCm) and neither it nor ``params`` needs a gradient."""
     if not (ENABLED and x.is_cuda):
         return False
-    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
-        return False
-    return True
+    return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))

@@ -55,7 +55,6 @@ class RotaryEmbedding(nn.Module):
         sin = self.sin[positions].unsqueeze(-2)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
-
     def fusable(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
         """Whether ``kernels.rotary``'s Triton kernel serves these inputs (CUDA, no autograd, [T, H, D])."""
         half = q.shape[-1] // 2

@@ -7,7 +7,7 @@ from kernels.activation import act_and_mul, act_and_mul_ref, act_and_mul_triton
 from kernels.norm import rms_norm, rms_norm_ref, rms_norm_triton
 from kernels.rotary import rotary_embedding, rotary_embedding_ref, rotary_embedding_triton
 
-TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2}}
 
 
 def _brute_rms_norm(x, w, eps, offset):
@@ -47,7 +47,9 @@ def test_rms_norm_strided_rows_and_errors(device):
     base = torch.randn(6, 3 * 64, device=device)
     x = base[:, 64:128]  # a column slice: row stride 192
     w = torch.rand(64, device=device)
-    torch.testing.assert_close(rms_norm(x, w, 1e-5, backend="triton"), rms_norm_ref(x, w, 1e-5), **TOL[torch.float32])
+    torch.testing.assert_close(
+        rms_norm(x, w, 1e-5, backend="triton"), rms_norm_ref(x, w, 1e-5), **TOL[torch.float32]
+    )
     with pytest.raises(ValueError, match="weight must be"):
         rms_norm_triton(x, torch.ones(63, device=device), 1e-5)
     with pytest.raises(ValueError, match="residual must match"):
@@ -61,7 +63,10 @@ def _brute_rope(positions, x, inv_freq):
     for t, p in enumerate(positions.tolist()):
         for i in range(half):
             a = p * inv_freq[i].item()
-            c, s = torch.cos(torch.tensor(a, dtype=torch.float64)), torch.sin(torch.tensor(a, dtype=torch.float64))
+            c, s = (
+                torch.cos(torch.tensor(a, dtype=torch.float64)),
+                torch.sin(torch.tensor(a, dtype=torch.float64)),
+            )
             x1, x2 = x[t, :, i].double(), x[t, :, i + half].double()
             out[t, :, i] = x1 * c - x2 * s
             out[t, :, i + half] = x2 * c + x1 * s
@@ -86,7 +91,9 @@ def test_rotary_triton_matches_reference(num_tokens, hq, hkv, head_dim, dtype, d
     torch.testing.assert_close(q_out, q_ref, **TOL[dtype])
     torch.testing.assert_close(k_out, k_ref, **TOL[dtype])
     torch.testing.assert_close(
-        q_ref.cpu().double(), _brute_rope(positions.cpu(), q.cpu(), inv), **({} if dtype == torch.float32 else TOL[dtype])
+        q_ref.cpu().double(),
+        _brute_rope(positions.cpu(), q.cpu(), inv),
+        **({} if dtype == torch.float32 else TOL[dtype]),
     )
     assert q_out.is_contiguous() and q_out.shape == q.shape
     q2, _ = rotary_embedding(positions, q, k, cos, sin, backend="triton")
@@ -99,7 +106,9 @@ def test_rotary_rejects_bad_shapes(device):
     with pytest.raises(ValueError, match="positions must be int64"):
         rotary_embedding_triton(torch.zeros(2, dtype=torch.int32, device=device), q, q, cos, cos)
     with pytest.raises(ValueError, match="cos/sin must be"):
-        rotary_embedding_triton(torch.zeros(2, dtype=torch.int64, device=device), q, q, cos[:, :4], cos[:, :4])
+        rotary_embedding_triton(
+            torch.zeros(2, dtype=torch.int64, device=device), q, q, cos[:, :4], cos[:, :4]
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -139,7 +148,10 @@ def test_rotary_with_kv_store_matches_rope_then_store(dtype, device):
     slots[[1, 4]] = -1  # not cached (CUDA-graph padding, FlexDraft mask tokens)
     slots = slots.to(device)
     shape = (num_blocks, block_size, hkv, D)
-    k_cache, v_cache = torch.randn(shape, generator=g).to(device, dtype), torch.randn(shape, generator=g).to(device, dtype)
+    k_cache, v_cache = (
+        torch.randn(shape, generator=g).to(device, dtype),
+        torch.randn(shape, generator=g).to(device, dtype),
+    )
     k_exp, v_exp = k_cache.clone(), v_cache.clone()
 
     q_out, k_out = rotary_embedding_triton(positions, q, k, cos, sin, v, k_cache, v_cache, slots)
