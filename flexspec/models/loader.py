@@ -59,6 +59,13 @@ def resolve_model_dir(model: str) -> Path:
                 )
             raise ModelLoadError(f"{path} has no *.safetensors weights")
         return path
+    if path.is_file():
+        raise ModelNotFoundError(
+            f"unknown model {model!r}: a file, but not a .gguf; pass the folder that holds config.json and "
+            "*.safetensors"
+        )
+    if "/" in model or path.suffix in (".gguf", ".safetensors"):
+        raise ModelNotFoundError(f"unknown model {model!r}: no such file or folder")
     raise ModelNotFoundError(
         f"unknown model {model!r}: not a built-in model ({', '.join(BUILTIN_MODELS)}) or drafter "
         f"({', '.join(BUILTIN_DRAFTERS)}), folder or .gguf file"

@@ -52,6 +52,15 @@ def test_unknown_model_id():
         resolve_model_dir("no-such-model")
 
 
+def test_missing_or_wrong_model_path_says_so(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no such file or folder"):
+        resolve_model_dir(str(tmp_path / "missing.gguf"))
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    with pytest.raises(ModelNotFoundError, match="not a .gguf; pass the folder"):
+        resolve_model_dir(str(weights))
+
+
 def test_pickle_checkpoint_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
