@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import Backend, use_triton
+from .kv_cache import _check_args as _check_store_args
 
 
 @triton.jit
@@ -150,11 +151,9 @@ def rotary_embedding_triton(
     _check_args(positions, q, k, cos, sin)
     store = v is not None
     if store:
-        from .kv_cache import _check_args as _check_store
-
         if k_cache is None or v_cache is None or slot_mapping is None:
             raise ValueError("storing K/V needs v, k_cache, v_cache and slot_mapping together")
-        _check_store(k, v, k_cache, v_cache, slot_mapping)
+        _check_store_args(k, v, k_cache, v_cache, slot_mapping)
     half = q.shape[2] // 2
     if half & (half - 1):
         raise ValueError(f"Triton rotary needs head_dim / 2 to be a power of two, got {half}")

@@ -59,13 +59,13 @@ class RotaryEmbedding(nn.Module):
         """Whether ``kernels.rotary``'s Triton kernel serves these inputs (CUDA, no autograd, [T, H, D])."""
         half = q.shape[-1] // 2
         return (
-            q.dim() == 3
+            use_fused(q, k)  # first: on CPU this alone decides
+            and q.dim() == 3
             and positions.dim() == 1
             and half & (half - 1) == 0
             and q.stride(-1) == 1
             and k.stride(-1) == 1
             and positions.dtype == torch.int64
-            and use_fused(q, k)
         )
 
     def forward_and_store(

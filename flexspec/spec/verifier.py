@@ -49,8 +49,6 @@ def verify(
     i.e. norm(max(p - q, 0))), and it makes seeded outputs identical with and without speculation, whatever
     mode the policy picks per step. Probabilistic drafts go through ``kernels.rejection_sample``.
     """
-    if not any(num_drafts):  # a plain step: exactly plain decoding's sampler
-        return [[t] for t in sample(logits, meta).tolist()]
     if meta.all_greedy or draft_probs is None or all(p is None for p in draft_probs):
         return _verify_by_target_sample(logits, meta, num_drafts, draft_token_ids)
     device = logits.device

@@ -13,7 +13,10 @@ from typer.testing import CliRunner
 from flexspec.cli import app
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+no_cuda = pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="checks the no-GPU error message; runs on CPU machines (CI), not on the H200",
+)
 
 
 def _run(args: list[str]):
