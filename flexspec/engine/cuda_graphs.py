@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from flexspec.engine.model_input import ModelInput
@@ -19,6 +20,103 @@ from flexspec.layers.attention import AttentionMetadata
 
 if TYPE_CHECKING:
     from flexspec.engine.model_runner import ModelRunner
+
+
+class StagedInputs:
+    """Named int64 regions of one host buffer that reach the device with a single copy per step.
+
+    A graph step's inputs (token ids, positions, slot mapping, context lengths, block tables, row indices) are
+    written into numpy views of one pinned host buffer and sent with one asynchronous host-to-device copy,
+    instead of one pageable copy per tensor (each a host sync and ~10-20 us of Python on a batch-1 step).
+
+    Args:
+        sizes: region name -> number of int64 elements.
+        device: where the device copy lives (the host buffer is pinned when it is a CUDA device).
+    """
+
+    def __init__(self, sizes: dict[str, int], device: torch.device) -> None:
+        self.regions: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, n in sizes.items():
+            self.regions[name] = (offset, n)
+            offset += n
+        cuda = device.type == "cuda"
+        self.host_buffer = torch.zeros(offset, dtype=torch.int64, pin_memory=cuda)
+        self.device_buffer = torch.zeros(offset, dtype=torch.int64, device=device)
+        self._host_np = self.host_buffer.numpy()
+        self._sent = torch.cuda.Event() if cuda else None
+
+    def host(self, name: str) -> np.ndarray:
+        """Writable numpy view of a region (call ``wait_sent`` before the first write of a step)."""
+        o, n = self.regions[name]
+        return self._host_np[o : o + n]
+
+    def on_device(self, name: str) -> torch.Tensor:
+        """The device view of a region: stable storage, so a graph may capture it."""
+        o, n = self.regions[name]
+        return self.device_buffer[o : o + n]
+
+    def wait_sent(self) -> None:
+        """Block until the previous ``send`` has been read from host memory (normally long done)."""
+        if self._sent is not None:
+            self._sent.synchronize()
+
+    def send(self) -> None:
+        """Copy the whole host buffer to the device, ordered before later work on the current stream."""
+        self.device_buffer.copy_(self.host_buffer, non_blocking=True)
+        if self._sent is not None:
+            self._sent.record()
+
+
+def stage_decode_inputs(
+    stage: StagedInputs,
+    inp: ModelInput,
+    q: int,
+    batch_sizes: list[int],
+    max_blocks: int,
+    max_position: int,
+) -> tuple[int, bool]:
+    """Write ``inp`` into ``stage``'s host regions in a decode graph's padded layout: each sequence gets ``q``
+    rows (shorter ones padded with dummy tokens: slot -1, positions after the last real one), the batch is
+    padded up to the next captured size with dummy sequences (context length 0, every slot -1).
+
+    Returns (graph batch size, whether the logits rows are exactly the first S rows, so no gather is needed).
+    Regions written: input_ids, positions, slot_mapping [bs*q]; context_lens [bs]; block_tables rows [S];
+    token_rows (q > 1) and logits_rows (unless direct).
+    """
+    S = len(inp.query_lens)
+    bs = next(b for b in batch_sizes if b >= S)
+    ids, pos, slots = stage.host("input_ids"), stage.host("positions"), stage.host("slot_mapping")
+    ctx = stage.host("context_lens")
+    tables = stage.host("block_tables").reshape(-1, max_blocks)
+    m = S * q
+    if q == 1:  # one token per sequence: the layout is the input's
+        ids[:S], pos[:S], slots[:S] = inp.input_ids, inp.positions, inp.slot_mapping
+        rows: list[int] | range = range(S)
+    else:
+        p_ids: list[int] = []
+        p_pos: list[int] = []
+        p_slots: list[int] = []
+        rows = []
+        r = 0
+        for s, n in enumerate(inp.query_lens):
+            p_ids += inp.input_ids[r : r + n] + [0] * (q - n)
+            last = inp.positions[r + n - 1]
+            p_pos += inp.positions[r : r + n] + [min(last + 1 + i, max_position) for i in range(q - n)]
+            p_slots += inp.slot_mapping[r : r + n] + [-1] * (q - n)
+            rows += range(s * q, s * q + n)
+            r += n
+        ids[:m], pos[:m], slots[:m] = p_ids, p_pos, p_slots
+        stage.host("token_rows")[: len(rows)] = rows
+    ctx[:S] = inp.context_lens
+    for s, b in enumerate(inp.block_tables):  # columns past a row's context are never read
+        tables[s, : len(b)] = b
+    if bs > S:  # dummy sequences: write nothing, read nothing
+        ids[m : bs * q], pos[m : bs * q], slots[m : bs * q], ctx[S:bs] = 0, 0, -1, 0
+    direct = q == 1 and len(inp.logits_indices) == S
+    if not direct:
+        stage.host("logits_rows")[: len(inp.logits_indices)] = [rows[i] for i in inp.logits_indices]
+    return bs, direct
 
 
 class DecodeGraphs:
@@ -39,9 +137,27 @@ class DecodeGraphs:
         N = B * query_len
         self.max_blocks = runner.max_blocks_per_seq
         self.max_position = runner.spec.max_position_embeddings - 1
-        self.input_ids = torch.zeros(N, dtype=torch.int64, device=dev)  # [B*q]
-        self.positions = torch.zeros(N, dtype=torch.int64, device=dev)  # [B*q]
-        self.slot_mapping = torch.full((N,), -1, dtype=torch.int64, device=dev)  # [B*q]
+        # All per-step inputs travel in one copy; ids, positions and slots are read in place (int64), context
+        # lengths and block tables are cast to int32 by the graph itself.
+        self.stage = StagedInputs(
+            {
+                "input_ids": N,
+                "positions": N,
+                "slot_mapping": N,
+                "context_lens": B,
+                "block_tables": B * self.max_blocks,
+                "logits_rows": N,  # padded row of each requested logits row
+                "token_rows": N,  # padded row of each real token (captured hidden states)
+            },
+            dev,
+        )
+        self.input_ids = self.stage.on_device("input_ids")  # [B*q]
+        self.positions = self.stage.on_device("positions")  # [B*q]
+        self.slot_mapping = self.stage.on_device("slot_mapping")  # [B*q]
+        self._context_lens64 = self.stage.on_device("context_lens")  # [B]
+        self._block_tables64 = self.stage.on_device("block_tables").view(B, self.max_blocks)
+        self.stage.host("slot_mapping")[:] = -1
+        self.stage.send()
         self.block_tables = torch.zeros(B, self.max_blocks, dtype=torch.int32, device=dev)  # [B, max_blocks]
         self.context_lens = torch.zeros(B, dtype=torch.int32, device=dev)  # [B]
         self.query_start_loc = torch.arange(0, (B + 1) * query_len, query_len, dtype=torch.int32, device=dev)
@@ -62,21 +178,25 @@ class DecodeGraphs:
             max_query_len=self.q,
         )
 
+    def _step(self, bs: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """What the graph of batch size ``bs`` runs: cast the staged int64 metadata, forward, LM head."""
+        self.context_lens[:bs].copy_(self._context_lens64[:bs])
+        self.block_tables[:bs].copy_(self._block_tables64[:bs])
+        model = self.runner.model
+        hidden, captured = model(
+            self.input_ids[: bs * self.q], self._meta(bs), capture_layers=self.capture_layers
+        )
+        return model.compute_logits(hidden), captured
+
     @torch.inference_mode()
     def _capture(self) -> None:
-        model = self.runner.model
         for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its memory pool
-            n = bs * self.q
-            meta = self._meta(bs)
             for _ in range(2):  # warm up (Triton compile) outside the graph
-                h, _ = model(self.input_ids[:n], meta, capture_layers=self.capture_layers)
-                model.compute_logits(h)
+                self._step(bs)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                hidden, captured = model(self.input_ids[:n], meta, capture_layers=self.capture_layers)
-                self.logits[bs] = model.compute_logits(hidden)
-                self.captured[bs] = captured
+                self.logits[bs], self.captured[bs] = self._step(bs)
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[bs] = graph
@@ -92,41 +212,24 @@ class DecodeGraphs:
 
     def run(self, inp: ModelInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Replay the graph for ``inp``; returns (logits [N, V] for inp.logits_indices, captured [T, H] each)."""
-        S, q = len(inp.query_lens), self.q
-        bs = next(b for b in self.batch_sizes if b >= S)
-        width = max(len(b) for b in inp.block_tables)
-        tables = [b + [0] * (width - len(b)) for b in inp.block_tables]
-        ids, pos, slots, rows = [], [], [], []  # padded layout; rows[r] = padded row of inp token r
-        r = 0
-        for s, n in enumerate(inp.query_lens):
-            ids.extend(inp.input_ids[r : r + n] + [0] * (q - n))
-            last = inp.positions[r + n - 1]
-            pos.extend(
-                inp.positions[r : r + n] + [min(last + 1 + i, self.max_position) for i in range(q - n)]
-            )
-            slots.extend(inp.slot_mapping[r : r + n] + [-1] * (q - n))
-            rows.extend(range(s * q, s * q + n))
-            r += n
-        m = S * q
-        self.input_ids[:m].copy_(torch.tensor(ids), non_blocking=True)
-        self.positions[:m].copy_(torch.tensor(pos), non_blocking=True)
-        self.slot_mapping[:m].copy_(torch.tensor(slots), non_blocking=True)
-        self.context_lens[:S].copy_(torch.tensor(inp.context_lens, dtype=torch.int32), non_blocking=True)
-        self.block_tables[:S, :width].copy_(torch.tensor(tables, dtype=torch.int32), non_blocking=True)
-        if bs > S:  # dummy sequences: write nothing, read nothing
-            self.slot_mapping[m : bs * q].fill_(-1)
-            self.context_lens[S:bs].fill_(0)
-            self.positions[m : bs * q].fill_(0)
+        self.stage.wait_sent()
+        bs, direct = stage_decode_inputs(
+            self.stage, inp, self.q, self.batch_sizes, self.max_blocks, self.max_position
+        )
+        self.stage.send()
         self.graphs[bs].replay()
-        dev = self.runner.device
-        if q == 1 and len(inp.logits_indices) == S:
+        S = len(inp.query_lens)
+        if direct:
             logits = self.logits[bs][:S]
         else:
-            logits = self.logits[bs][torch.tensor([rows[i] for i in inp.logits_indices], device=dev)]
+            logits = self.logits[bs][self.stage.on_device("logits_rows")[: len(inp.logits_indices)]]
         captured: list[torch.Tensor] = []
         if self.capture_layers:
-            idx = torch.tensor(rows, device=dev)
-            captured = [c[idx] for c in self.captured[bs]]
+            if self.q == 1:
+                captured = [c[:S].clone() for c in self.captured[bs]]
+            else:
+                idx = self.stage.on_device("token_rows")[: inp.num_tokens]
+                captured = [c[idx] for c in self.captured[bs]]
         return logits, captured
 
 

@@ -8,63 +8,67 @@ across preemption, batching and processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
 _SEED_STRIDE = 1_000_003
 
 
-@dataclass
 class SamplingMetadata:
-    """Per logits row. N rows."""
+    """Per logits row, N rows. Host lists; the device tensors are built on first use, so an all-greedy step
+    (argmax only) copies nothing to the device.
 
-    temperature: torch.Tensor  # [N] float32; 0 = greedy
-    top_p: torch.Tensor  # [N] float32
-    top_k: torch.Tensor  # [N] int64; <= 0 = disabled
-    seeds: list[int]  # [N] request seed per row
-    offsets: list[int]  # [N] output position per row (noise stream index)
-    all_greedy: bool
-    any_greedy: bool
-    need_top_k: bool
-    need_top_p: bool
-    max_num_logprobs: int | None = None  # None = no logprobs requested by any row
+    Args:
+        rows: ``(temperature, top_p, top_k, seed, offset)`` per row; temperature 0 = greedy, top_k <= 0 =
+            disabled, offset = the row's output position (its noise stream index).
+        device: where the tensors go.
+        max_num_logprobs: max top-logprobs over rows; None = no logprobs requested by any row.
+    """
+
+    def __init__(
+        self,
+        rows: list[tuple[float, float, int, int, int]],
+        device: torch.device,
+        max_num_logprobs: int | None = None,
+    ) -> None:
+        self.rows = rows
+        self.device = device
+        self.max_num_logprobs = max_num_logprobs
+        self.seeds = [r[3] for r in rows]  # [N]
+        self.offsets = [r[4] for r in rows]  # [N]
+        self.all_greedy = all(r[0] == 0.0 for r in rows)
+        self.any_greedy = any(r[0] == 0.0 for r in rows)
+        self.need_top_k = any(r[2] > 0 for r in rows)
+        self.need_top_p = any(r[1] < 1.0 for r in rows)
 
     @classmethod
     def build(
         cls,
-        rows: list[tuple[float, float, int, int, int]],  # (temperature, top_p, top_k, seed, offset)
+        rows: list[tuple[float, float, int, int, int]],
         device: torch.device,
         max_num_logprobs: int | None = None,
     ) -> SamplingMetadata:
-        temps = [r[0] for r in rows]
-        return cls(
-            temperature=torch.tensor(temps, dtype=torch.float32).to(device, non_blocking=True),
-            top_p=torch.tensor([r[1] for r in rows], dtype=torch.float32).to(device, non_blocking=True),
-            top_k=torch.tensor([r[2] for r in rows], dtype=torch.int64).to(device, non_blocking=True),
-            seeds=[r[3] for r in rows],
-            offsets=[r[4] for r in rows],
-            all_greedy=all(t == 0.0 for t in temps),
-            any_greedy=any(t == 0.0 for t in temps),
-            need_top_k=any(r[2] > 0 for r in rows),
-            need_top_p=any(r[1] < 1.0 for r in rows),
-            max_num_logprobs=max_num_logprobs,
-        )
+        return cls(rows, device, max_num_logprobs)
+
+    def _column(self, i: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([r[i] for r in self.rows], dtype=dtype).to(self.device, non_blocking=True)
+
+    @cached_property
+    def temperature(self) -> torch.Tensor:  # [N] float32; 0 = greedy
+        return self._column(0, torch.float32)
+
+    @cached_property
+    def top_p(self) -> torch.Tensor:  # [N] float32
+        return self._column(1, torch.float32)
+
+    @cached_property
+    def top_k(self) -> torch.Tensor:  # [N] int64; <= 0 = disabled
+        return self._column(2, torch.int64)
 
     def select(self, rows: list[int]) -> SamplingMetadata:
         """The metadata of a subset of rows (e.g. the bonus rows of a verification step)."""
-        idx = torch.tensor(rows, device=self.temperature.device)
-        return SamplingMetadata(
-            temperature=self.temperature[idx],
-            top_p=self.top_p[idx],
-            top_k=self.top_k[idx],
-            seeds=[self.seeds[r] for r in rows],
-            offsets=[self.offsets[r] for r in rows],
-            all_greedy=self.all_greedy,
-            any_greedy=self.any_greedy,
-            need_top_k=self.need_top_k,
-            need_top_p=self.need_top_p,
-        )
+        return SamplingMetadata([self.rows[r] for r in rows], self.device)
 
 
 def apply_top_k_top_p(
