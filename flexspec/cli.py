@@ -9,7 +9,7 @@ import time
 import typer
 from pydantic import ValidationError
 
-from flexspec.errors import FlexspecError
+from flexspec.errors import FlexspecError, check_context_length
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="flexspec: LLM serving with speculative decoding"
@@ -86,6 +86,7 @@ def generate(
             if chat
             else engine.encode(prompt)
         )
+        check_context_length(len(ids), params.max_tokens, config.max_model_len)  # the server's 400
         t0 = time.perf_counter()
         out = engine.generate([ids], params)[0]
         elapsed = time.perf_counter() - t0

@@ -25,6 +25,31 @@ class ContextLengthExceededError(InvalidRequestError):
     code = "context_length_exceeded"
 
 
+def check_context_length(
+    num_prompt_tokens: int, max_tokens: int, max_model_len: int, prompt_param: str = "prompt"
+) -> None:
+    """Reject a request whose prompt + ``max_tokens`` does not fit in ``max_model_len`` (OpenAI's 400), rather
+    than cutting its output short with finish reason ``length``; the server and ``flexspec generate`` share it.
+
+    Raises:
+        ContextLengthExceededError: ``param`` is ``prompt_param`` when the prompt alone leaves no room for one
+            output token, else ``max_tokens``.
+    """
+    if num_prompt_tokens >= max_model_len:
+        raise ContextLengthExceededError(
+            f"This model's maximum context length is {max_model_len} tokens; the prompt has "
+            f"{num_prompt_tokens} tokens, which leaves no room for output.",
+            param=prompt_param,
+        )
+    if num_prompt_tokens + max_tokens > max_model_len:
+        raise ContextLengthExceededError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the "
+            "completion).",
+            param="max_tokens",
+        )
+
+
 class ConfigError(FlexspecError, ValueError):
     """An engine setting that this machine or model cannot satisfy, found while building the engine (e.g.
     ``device='cuda'`` without a GPU, ``max_model_len`` past the model's limit); ``param`` names the field."""
