@@ -20,4 +20,5 @@ SUITES = {
 def run(argv: list[str]) -> None:
     suite = argv[0] if argv and argv[0] in SUITES else "spec"
     rest = argv[1:] if argv and argv[0] in SUITES else argv
-    importlib.import_module(SUITES[suite]).main(rest)
+    prog = f"flexspec bench {suite}" if argv and argv[0] in SUITES else "flexspec bench"
+    importlib.import_module(SUITES[suite]).main(rest, prog=prog)  # usage lines name the command typed

@@ -229,10 +229,8 @@ def make_plots(docs: list[dict[str, Any]], out_dir: str | Path) -> list[str]:
     return [str(p) for p in made if p is not None]
 
 
-def main(argv: list[str] | None = None) -> list[str]:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.plots", description="PNG plots from benchmark JSON files."
-    )
+def main(argv: list[str] | None = None, prog: str = "python -m bench.plots") -> list[str]:
+    p = argparse.ArgumentParser(prog=prog, description="PNG plots from benchmark JSON files.")
     p.add_argument("results", nargs="+", help="JSON files written by spec_bench / engine_bench / synthetic.")
     p.add_argument("--out-dir", default="plots")
     args = p.parse_args(argv)

@@ -124,10 +124,8 @@ def render(docs: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.table", description="Markdown tables from benchmark JSON."
-    )
+def main(argv: list[str] | None = None, prog: str = "python -m bench.table") -> str:
+    p = argparse.ArgumentParser(prog=prog, description="Markdown tables from benchmark JSON.")
     p.add_argument("results", nargs="+")
     args = p.parse_args(argv)
     text = render([json.loads(Path(f).read_text()) for f in args.results])
