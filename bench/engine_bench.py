@@ -18,6 +18,7 @@ import argparse
 import time
 from typing import Any
 
+from bench.cli import main_entry
 from bench.common import (
     Budget,
     JsonReport,
@@ -375,4 +376,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.engine_benc
 
 
 if __name__ == "__main__":
-    main()
+    main_entry(main)

@@ -18,6 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.cli import main_entry
+
 
 def _plt() -> Any:
     import matplotlib
@@ -242,4 +244,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plots") -> 
 
 
 if __name__ == "__main__":
-    main()
+    main_entry(main)

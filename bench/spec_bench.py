@@ -25,6 +25,7 @@ import os
 import time
 from typing import Any
 
+from bench.cli import main_entry
 from bench.common import (
     Budget,
     JsonReport,
@@ -358,4 +359,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.spec_bench"
 
 
 if __name__ == "__main__":
-    main()
+    main_entry(main)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.cli import main_entry
 from bench.common import JsonReport, environment, int_list, log, median
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -390,4 +391,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.synthetic")
 
 
 if __name__ == "__main__":
-    main()
+    main_entry(main)

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.cli import main_entry
+
 
 def _head(doc: dict[str, Any]) -> list[str]:
     env = doc.get("env", {})
@@ -134,4 +136,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.table") -> 
 
 
 if __name__ == "__main__":
-    main()
+    main_entry(main)

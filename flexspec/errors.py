@@ -1,6 +1,12 @@
-"""Typed errors users can act on; the HTTP layer maps each to an OpenAI-shaped error and status code."""
+"""Typed errors users can act on; the HTTP layer maps each to an OpenAI-shaped error and status code. Also
+the request check and the one-line messages that the server and the command line share."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class FlexspecError(Exception):
@@ -83,3 +89,12 @@ class WorkerGroupError(FlexspecError):
 
     status = 503
     type = "engine_unavailable"
+
+
+def validation_message(e: ValidationError) -> str:
+    """A pydantic error as one line: ``field.path: message; ...`` (the command line's ``error:`` text)."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
