@@ -18,6 +18,7 @@ import argparse
 import time
 from typing import Any
 
+from bench.cli import main_entry
 from bench.common import (
     Budget,
     JsonReport,
@@ -46,8 +47,8 @@ GPU_SYSTEMS = (OURS, "hf_dynamic", "hf_static_compile", "hf_static_compile_defau
 CPU_SYSTEMS = (OURS, "hf_dynamic")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.engine_bench", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "python -m bench.engine_bench") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--model-dir", default="smollm2-135m-instruct", help="HF folder, .gguf file or built-in id."
     )
@@ -309,8 +310,8 @@ def summarize(doc: dict[str, Any], batch_sizes: list[int]) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m bench.engine_bench") -> dict[str, Any]:
+    args = build_parser(prog).parse_args(argv)
     apply_cpu_threads(args.cpu_threads)
     from transformers import AutoTokenizer
 
@@ -375,4 +376,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    main_entry(main)

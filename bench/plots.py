@@ -18,6 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.cli import main_entry
+
 
 def _plt() -> Any:
     import matplotlib
@@ -229,10 +231,8 @@ def make_plots(docs: list[dict[str, Any]], out_dir: str | Path) -> list[str]:
     return [str(p) for p in made if p is not None]
 
 
-def main(argv: list[str] | None = None) -> list[str]:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.plots", description="PNG plots from benchmark JSON files."
-    )
+def main(argv: list[str] | None = None, prog: str = "python -m bench.plots") -> list[str]:
+    p = argparse.ArgumentParser(prog=prog, description="PNG plots from benchmark JSON files.")
     p.add_argument("results", nargs="+", help="JSON files written by spec_bench / engine_bench / synthetic.")
     p.add_argument("--out-dir", default="plots")
     args = p.parse_args(argv)
@@ -244,4 +244,4 @@ def main(argv: list[str] | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    main_entry(main)

@@ -25,6 +25,7 @@ import os
 import time
 from typing import Any
 
+from bench.cli import main_entry
 from bench.common import (
     Budget,
     JsonReport,
@@ -43,8 +44,8 @@ from bench.spec_peers import run_hf_peers, run_vllm
 PEERS = ("hf", *HF_SYSTEMS, "vllm")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.spec_bench", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "python -m bench.spec_bench") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["engine", "server"], default="engine")
     p.add_argument(
         "--model",
@@ -298,8 +299,8 @@ def add_ratios(runs: list[dict[str, Any]]) -> None:
             r["ratio_vs_flexspec_plain"] = round(r["output_tokens_per_s"] / ours["output_tokens_per_s"], 4)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m bench.spec_bench") -> dict[str, Any]:
+    args = build_parser(prog).parse_args(argv)
     apply_cpu_threads(args.cpu_threads)
     budget = Budget(args.time_budget_s)
     systems = expand_configs(args.speculative_config, args.sweep_num_speculative_tokens)
@@ -358,4 +359,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    main_entry(main)

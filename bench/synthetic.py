@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.cli import main_entry
 from bench.common import JsonReport, environment, int_list, log, median
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -234,8 +235,8 @@ def load_profile(args: argparse.Namespace) -> list[float]:
     return [float(x) for x in data]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.synthetic", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "python -m bench.synthetic") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--profile", required=True, help="JSON list p_1..p_K, a file with one, or a spec_bench JSON."
     )
@@ -338,10 +339,10 @@ def project_batch(
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None, prog: str = "python -m bench.synthetic") -> dict[str, Any]:
     import torch
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     profile = load_profile(args)
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -390,4 +391,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    main_entry(main)

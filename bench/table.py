@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.cli import main_entry
+
 
 def _head(doc: dict[str, Any]) -> list[str]:
     env = doc.get("env", {})
@@ -124,10 +126,8 @@ def render(docs: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.table", description="Markdown tables from benchmark JSON."
-    )
+def main(argv: list[str] | None = None, prog: str = "python -m bench.table") -> str:
+    p = argparse.ArgumentParser(prog=prog, description="Markdown tables from benchmark JSON.")
     p.add_argument("results", nargs="+")
     args = p.parse_args(argv)
     text = render([json.loads(Path(f).read_text()) for f in args.results])
@@ -136,4 +136,4 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    main_entry(main)

@@ -18,7 +18,7 @@ from cluster.protocol import ChatCompletionRequest, CompletionRequest, SamplingR
 from configs.sampling import SamplingParams
 from flexspec.engine.outputs import RequestOutput
 from flexspec.engine.sequence import TokenLogprob
-from flexspec.errors import ContextLengthExceededError, FlexspecError, InvalidRequestError
+from flexspec.errors import FlexspecError, InvalidRequestError, check_context_length
 
 
 class OpenAIServing:
@@ -121,19 +121,8 @@ class OpenAIServing:
         jobs = []
         rid = uuid.uuid4().hex
         for p, ids in enumerate(prompts):
-            if len(ids) >= self.max_model_len:
-                raise ContextLengthExceededError(
-                    f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
-                    f"{len(ids)} tokens, which leaves no room for output.",
-                    param=param,
-                )
             limit = req.max_output_tokens(len(ids), self.max_model_len)
-            if len(ids) + limit > self.max_model_len:
-                raise ContextLengthExceededError(
-                    f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                    f"{len(ids) + limit} tokens ({len(ids)} in the prompt, {limit} for the completion).",
-                    param="max_tokens",
-                )
+            check_context_length(len(ids), limit, self.max_model_len, prompt_param=param)
             for c in range(req.n):
                 index = p * req.n + c
                 jobs.append(_Job(f"{rid}-{index}", index, p, ids, req.sampling_params(limit, c)))

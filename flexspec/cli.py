@@ -9,7 +9,7 @@ import time
 import typer
 from pydantic import ValidationError
 
-from flexspec.errors import FlexspecError
+from flexspec.errors import FlexspecError, check_context_length, validation_message
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="flexspec: LLM serving with speculative decoding"
@@ -24,14 +24,6 @@ def main() -> None:
 def _fail(message: str, code: int = 2) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
-
-
-def _validation_message(e: ValidationError) -> str:
-    parts = []
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
-        parts.append(f"{loc}: {err['msg']}")
-    return "; ".join(parts)
 
 
 @app.command()
@@ -73,7 +65,7 @@ def generate(
                 _fail(f"--speculative-config is not valid JSON: {e}")
         config = EngineConfig(**engine_args)
     except ValidationError as e:
-        _fail(_validation_message(e))
+        _fail(validation_message(e))
     if not prompt:
         _fail("prompt must not be empty")
 
@@ -86,6 +78,7 @@ def generate(
             if chat
             else engine.encode(prompt)
         )
+        check_context_length(len(ids), params.max_tokens, config.max_model_len)  # the server's 400
         t0 = time.perf_counter()
         out = engine.generate([ids], params)[0]
         elapsed = time.perf_counter() - t0
@@ -266,14 +259,15 @@ def bench(ctx: typer.Context) -> None:
     root = str(Path(__file__).resolve().parents[1])
     if root not in sys.path:  # bench/ is a folder of the repository, next to flexspec/
         sys.path.append(root)
-    from bench.cli import run
+    from bench.cli import run, user_error
 
     try:
         run(list(ctx.args))
-    except FlexspecError as e:  # --device cuda without a GPU, an unknown --model, ...
-        _fail(e.message)
-    except json.JSONDecodeError as e:  # --profile / --speculative-config take JSON
-        _fail(f"an option that takes JSON is not valid JSON: {e}")
+    except Exception as e:
+        message = user_error(e)
+        if message is None:
+            raise
+        _fail(message)
 
 
 if __name__ == "__main__":

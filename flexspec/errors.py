@@ -1,6 +1,12 @@
-"""Typed errors users can act on; the HTTP layer maps each to an OpenAI-shaped error and status code."""
+"""Typed errors users can act on; the HTTP layer maps each to an OpenAI-shaped error and status code. Also
+the request check and the one-line messages that the server and the command line share."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class FlexspecError(Exception):
@@ -23,6 +29,31 @@ class InvalidRequestError(FlexspecError):
 
 class ContextLengthExceededError(InvalidRequestError):
     code = "context_length_exceeded"
+
+
+def check_context_length(
+    num_prompt_tokens: int, max_tokens: int, max_model_len: int, prompt_param: str = "prompt"
+) -> None:
+    """Reject a request whose prompt + ``max_tokens`` does not fit in ``max_model_len`` (OpenAI's 400), rather
+    than cutting its output short with finish reason ``length``; the server and ``flexspec generate`` share it.
+
+    Raises:
+        ContextLengthExceededError: ``param`` is ``prompt_param`` when the prompt alone leaves no room for one
+            output token, else ``max_tokens``.
+    """
+    if num_prompt_tokens >= max_model_len:
+        raise ContextLengthExceededError(
+            f"This model's maximum context length is {max_model_len} tokens; the prompt has "
+            f"{num_prompt_tokens} tokens, which leaves no room for output.",
+            param=prompt_param,
+        )
+    if num_prompt_tokens + max_tokens > max_model_len:
+        raise ContextLengthExceededError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the "
+            "completion).",
+            param="max_tokens",
+        )
 
 
 class ConfigError(FlexspecError, ValueError):
@@ -58,3 +89,12 @@ class WorkerGroupError(FlexspecError):
 
     status = 503
     type = "engine_unavailable"
+
+
+def validation_message(e: ValidationError) -> str:
+    """A pydantic error as one line: ``field.path: message; ...`` (the command line's ``error:`` text)."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)

@@ -3,6 +3,8 @@ the field or value and a non-zero exit code, never a Python traceback. None of t
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flexspec.cli import app
+from tests.conftest import DEFAULT_MODEL
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 no_cuda = pytest.mark.skipif(
@@ -132,6 +135,68 @@ def test_generate_device_cuda_without_cuda():
 def test_generate_max_model_len_past_the_model():
     result = _run(["generate", "hi", "--device", "cpu", "--max-model-len", "100000"])
     assert result.exit_code == 2 and "max_model_len 100000 exceeds" in result.output
+
+
+@pytest.fixture(scope="module")
+def replica_8():
+    """The server's replica class in-process (no Ray) with an 8-token context, as `generate` below uses."""
+    from cluster.server import LLMServer
+    from flexspec.engine.llm_engine import LLMEngine
+
+    args = {"model": DEFAULT_MODEL, "served_model_name": "m", "engine": {"device": "cpu", "max_model_len": 8}}
+    server = LLMServer(args, engine_factory=lambda a: LLMEngine(a.engine))
+    yield server
+    server.controller.stop()
+
+
+def _completion_chunks(server, body: dict) -> list[dict]:
+    async def collect() -> list[dict]:
+        return [chunk async for chunk in server.completion(body)]
+
+    return asyncio.run(collect())
+
+
+GENERATE_8 = ["--no-chat", "--device", "cpu", "--max-model-len", "8"]  # the context of ``replica_8``
+
+
+# "hi" without the chat template is one token of SmolLM2's tokenizer; "hi hi ... hi" (8 words) is eight.
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "expected"),
+    [
+        (
+            "hi",
+            8,
+            (
+                "This model's maximum context length is 8 tokens. However, you requested 9 tokens (1 in the "
+                "prompt, 8 for the completion)."
+            ),
+        ),
+        (
+            " ".join(["hi"] * 8),
+            1,
+            (
+                "This model's maximum context length is 8 tokens; the prompt has 8 tokens, which leaves no room "
+                "for output."
+            ),
+        ),
+    ],
+    ids=["prompt-plus-max-tokens", "prompt-alone"],
+)
+def test_generate_rejects_what_does_not_fit_as_the_server_does(replica_8, prompt, max_tokens, expected):
+    """The server's 400 with its message, not a completion cut short with finish reason "length"."""
+    chunks = _completion_chunks(replica_8, {"model": "m", "prompt": prompt, "max_tokens": max_tokens})
+    assert [c.get("status") for c in chunks] == [400], chunks
+    assert chunks[0]["error"]["message"] == expected
+    result = _run(["generate", prompt, *GENERATE_8, "--max-tokens", str(max_tokens)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {expected}"
+
+
+def test_generate_accepts_a_prompt_that_fills_the_context_exactly():
+    result = _run(["generate", "hi", *GENERATE_8, "--max-tokens", "7", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["num_prompt_tokens"] == 1 and 1 <= out["num_output_tokens"] <= 7
 
 
 @no_cuda
