@@ -11,7 +11,8 @@ Each step, for every sequence of the batch:
    drafts: the verifier's deterministic-draft rule keeps T > 0 exact), cut by selective verification: only
    the prefix whose cumulative draft probability stays >= ``verification_threshold`` is verified.
 
-On GPU the block forward is one CUDA graph per batch size (``BatchGraphs``); the context step stays eager.
+On GPU the block forward is one CUDA graph per batch size and the context step one per row count (1, 2, 4, ...
+up to ``max_num_seqs * B``; ``BatchGraphs``); larger context steps (prefill chunks) run eagerly.
 
 ``num_speculative_tokens`` = min(config's, B - 1). Sequences whose context misses positions (cache evicted
 under memory pressure) still draft — worse drafts, same output.
@@ -74,6 +75,7 @@ class DFlashDrafter(Drafter):
         )
         self._packed_masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # S -> packed block masks
         self._graphs: BatchGraphs | None = None  # block forward, captured per batch size on GPU
+        self._context_graphs: BatchGraphs | None = None  # context K/V writes, captured per row count on GPU
 
     # ---- Drafter interface --------------------------------------------------------------------------------
     @property
@@ -122,13 +124,18 @@ class DFlashDrafter(Drafter):
                 positions.append(pos)
                 slots.append(self.cache.slot(b.seq_id, pos))
         if rows:
-            idx = torch.tensor(rows, device=self.device)
-            feats = torch.cat(
-                [captured[j].index_select(0, idx) for j in self._feature_index], dim=-1
-            )  # [N, n*H]
-            self.model.store_context(
-                feats, torch.tensor(positions, device=self.device), torch.tensor(slots, device=self.device)
+            n = len(rows)
+            rows_t, positions_t, slots_t = torch.tensor([rows, positions, slots]).to(
+                self.device, non_blocking=True
             )
+            feats = torch.cat(
+                [captured[j].index_select(0, rows_t) for j in self._feature_index], dim=-1
+            )  # [N, n*H]
+            graphs = self._context_graphs
+            if graphs is not None and graphs.can_run(n):
+                graphs.run(n, feats=feats, positions=positions_t, slots=slots_t)
+            else:
+                self.model.store_context(feats, positions_t, slots_t)
         return ready
 
     def _draft(self, items: list[SeqDraftInput]) -> list[list[int]]:
@@ -194,10 +201,30 @@ class DFlashDrafter(Drafter):
         k = self.num_speculative_tokens
         return [d[: min(b.num_drafts, k, n)] for b, d, n in zip(items, drafts.tolist(), keep.tolist())]
 
+    def _store_context_rows(
+        self, feats: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """The captured context step: feats [N, n*H], positions [N] int64, slots [N] int64 (-1 = pad row)."""
+        self.model.store_context(feats, positions, slots)
+        return ()
+
     def capture_graphs(self, batch_sizes: list[int]) -> None:
+        cfg = self.runner.config
+        # A step commits 1 .. B tokens per sequence: graphs for row counts 1, 2, 4, .. up to a full decode batch
+        # of blocks (padded rows have slot -1: nothing is written). Larger steps (prefill chunks) run eagerly.
+        max_rows = cfg.max_num_seqs * self.block_size
+        row_counts = [1 << i for i in range(max_rows.bit_length()) if 1 << i <= max_rows]
+        if row_counts[-1] < max_rows:
+            row_counts.append(max_rows)
+        feat_dim = len(self.model.config.target_layer_ids) * self.runner.spec.hidden_size
+        context_inputs = {
+            "feats": ((feat_dim,), self.runner.dtype, 0),
+            "positions": ((), torch.int64, 0),
+            "slots": ((), torch.int64, -1),
+        }
+        self._context_graphs = BatchGraphs(self._store_context_rows, context_inputs, row_counts, self.device)
         if not self.greedy_drafts:
             return
-        cfg = self.runner.config
         sizes = [b for b in batch_sizes if b <= cfg.max_num_seqs]
         width = -(-cfg.max_model_len // cfg.kv_block_size)
         inputs = {
