@@ -81,6 +81,11 @@ def build_parser(prog: str = "python -m bench.engine_bench") -> argparse.Argumen
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--enforce-eager", action="store_true", help="Our engine without CUDA graphs.")
+    p.add_argument(
+        "--no-async-output-processing",
+        action="store_true",
+        help="Our engine with synchronous steps (no overlap of output processing with the next forward).",
+    )
     p.add_argument("--decode-step-iters", type=int, default=200)
     p.add_argument(
         "--time-budget-s", type=float, default=0, help="Skip measurements starting after this (0 = off)."
@@ -167,6 +172,7 @@ def bench_ours(
             max_num_seqs=max_bs,
             max_num_batched_tokens=max(2048, max_bs),
             enforce_eager=args.enforce_eager,
+            async_output_processing=not args.no_async_output_processing,
             cuda_graph_batch_sizes=sorted({1, 2, 4, 8, 16, 24, 32, 48, 64, *args.batch_sizes}),
             gpu_memory_utilization=args.gpu_memory_utilization,
         )
@@ -355,6 +361,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.engine_benc
                 "peer_time_budget_s": args.peer_time_budget_s,
                 "max_model_len": args.max_model_len,
                 "enforce_eager": args.enforce_eager,
+                "async_output_processing": not args.no_async_output_processing,
             },
             "results": {},
         },

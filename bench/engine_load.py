@@ -31,7 +31,7 @@ _request_ids = itertools.count()
 @dataclass
 class StepRecord:
     wall_s: float = 0.0  # engine.step() wall time
-    exec_s: float = 0.0  # executor.execute
+    exec_s: float = 0.0  # executor.execute (or launch + collect: the wait for the device when overlapped)
     draft_s: float = 0.0  # drafter.propose
     num_seqs: int = 0
     num_tokens: int = 0
@@ -39,7 +39,9 @@ class StepRecord:
 
 
 class StepTimers:
-    """Wraps ``engine.executor.execute`` and (when speculating) the drafter's ``propose`` with host timers.
+    """Wraps ``engine.executor.execute`` (``launch`` / ``collect`` when the engine overlaps output processing)
+    and (when speculating) the drafter's ``propose`` with host timers. With overlap, a step record describes
+    the step launched during that ``engine.step()`` call.
 
     Also keeps the last pure-decode ``ModelInput`` seen, so a caller can replay one decode step in isolation.
     """
@@ -52,6 +54,10 @@ class StepTimers:
         executor = engine.executor
         self._orig_execute = executor.execute
         executor.execute = self._execute
+        self._orig_launch = getattr(executor, "launch", None)
+        self._orig_collect = getattr(executor, "collect", None)
+        if self._orig_launch is not None and self._orig_collect is not None:
+            executor.launch, executor.collect = self._launch, self._collect
         runner = getattr(executor, "runner", None)
         worker = getattr(runner, "spec_worker", None)
         self.drafter = getattr(worker, "drafter", None)
@@ -62,10 +68,30 @@ class StepTimers:
     def remove(self) -> None:
         """Restore the original methods (instance attributes shadowed the class methods)."""
         del self.engine.executor.execute
+        if self._orig_launch is not None and self._orig_collect is not None:
+            del self.engine.executor.launch, self.engine.executor.collect
         if self.drafter is not None:
             del self.drafter.propose
 
+    def _timed(self, fn: Any, arg: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn(arg)
+        if self.current is not None:
+            self.current.exec_s += time.perf_counter() - t0
+        return out
+
+    def _launch(self, inp: Any) -> Any:
+        self._describe(inp)
+        return self._timed(self._orig_launch, inp)
+
+    def _collect(self, pending: Any) -> Any:
+        return self._timed(self._orig_collect, pending)
+
     def _execute(self, inp: Any) -> Any:
+        self._describe(inp)
+        return self._timed(self._orig_execute, inp)
+
+    def _describe(self, inp: Any) -> None:
         rec = self.current if self.current is not None else StepRecord()
         rec.num_seqs = len(inp.query_lens)
         rec.num_tokens = inp.num_tokens
@@ -77,10 +103,6 @@ class StepTimers:
         )
         if rec.decode and len(inp.query_lens) == 1:
             self.last_decode_input = inp
-        t0 = time.perf_counter()
-        out = self._orig_execute(inp)
-        rec.exec_s += time.perf_counter() - t0
-        return out
 
     def _propose(self, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()

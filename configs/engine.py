@@ -34,6 +34,12 @@ class EngineConfig(BaseModel):
     cpu_kv_cache_gib: float = Field(1.0, gt=0.0, description="KV-cache size on CPU, GiB.")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks.")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
+    async_output_processing: bool = Field(
+        True,
+        description="Overlap a step's output processing (detokenization, stop strings, request outputs) with "
+        "the next step's forward (vLLM's async output processing). Plain decoding on one process only; "
+        "speculative decoding and TP > 1 run steps synchronously.",
+    )
     cuda_graph_batch_sizes: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64],
         description="Decode batch sizes captured as CUDA graphs.",

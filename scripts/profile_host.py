@@ -5,7 +5,8 @@ Usage:
 
 Fills the batch with ``--batch-size`` greedy requests (fixed output length), runs a few warm-up steps, then
 times ``--steps`` ``LLMEngine.step()`` calls three ways: wall time per step, the executor's share
-(``ModelRunner.execute``: forward + sampling/verification + drafting) and, under cProfile, the host functions
+(``bench.engine_load.StepTimers``: forward + sampling/verification + drafting; with async output processing
+the launch + the wait for the device) and, under cProfile, the host functions
 with the most own time. Writes one JSON object (``--out``) and prints the cProfile table.
 """
 
@@ -15,11 +16,10 @@ import cProfile
 import io
 import json
 import pstats
-import time
-from statistics import median
 
 import typer
 
+from bench.engine_load import StepTimers
 from configs import EngineConfig, SamplingParams
 from flexspec.engine.llm_engine import LLMEngine
 
@@ -32,12 +32,14 @@ def main(
     max_model_len: int = typer.Option(1024),
     out: str = typer.Option("", help="write the JSON result here"),
     top: int = typer.Option(25, help="cProfile rows to keep"),
+    async_output: bool = typer.Option(True, help="overlap output processing with the next step"),
 ) -> None:
     cfg = EngineConfig(
         model=model,
         max_model_len=max_model_len,
         max_num_seqs=max(batch_size, 1),
         speculative_config=json.loads(spec_config) if spec_config else None,
+        async_output_processing=async_output,
     )
     engine = LLMEngine(cfg)
     params = SamplingParams(max_tokens=max_model_len - 64, temperature=0.0, ignore_eos=True)
@@ -48,27 +50,16 @@ def main(
     for _ in range(8):  # prefill + warm-up decode steps
         engine.step()
     runner = engine.executor.runner
-    execute = runner.execute
-    exec_s: list[float] = []
-
-    def timed_execute(inp):
-        t0 = time.perf_counter()
-        result = execute(inp)
-        exec_s.append(time.perf_counter() - t0)
-        return result
-
-    runner.execute = timed_execute
-    wall: list[float] = []
+    timers = StepTimers(engine)
     for _ in range(steps):
-        t0 = time.perf_counter()
-        engine.step()
-        wall.append(time.perf_counter() - t0)
+        timers.step()
+    split = timers.summary()["decode_steps"] or timers.summary()["all_steps"]
+    timers.remove()
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
         engine.step()
     prof.disable()
-    runner.execute = execute
     buf = io.StringIO()
     stats = pstats.Stats(prof, stream=buf)
     stats.sort_stats("tottime").print_stats(top)
@@ -83,8 +74,8 @@ def main(
         "batch_size": batch_size,
         "speculative_config": cfg.speculative_config and json.loads(spec_config),
         "steps": steps,
-        "step_ms_p50": round(1e3 * median(wall), 4),
-        "execute_ms_p50": round(1e3 * median(exec_s[:steps]), 4),
+        "overlapped": engine.overlaps_output_processing,
+        "step_split_ms": split,  # wall / executor (execute, or launch + collect) / drafting, per step
         "tokens_generated": sum(len(s.output_token_ids) for s in engine.seqs.values()),
         "cprofile_top": [
             {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()} for r in rows[:top]

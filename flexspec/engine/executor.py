@@ -36,5 +36,17 @@ class LocalExecutor:
         assert out is not None  # rank 0 always answers
         return out
 
+    @property
+    def can_launch(self) -> bool:
+        """Plain steps can be launched and collected separately (no drafter: its step syncs inside)."""
+        return self.runner.spec_worker is None
+
+    def launch(self, inp: ModelInput):
+        """Start a plain step; ``collect`` its output before the next ``launch``."""
+        return self.runner.launch(inp)
+
+    def collect(self, pending) -> ModelOutput:
+        return self.runner.collect(pending)
+
     def shutdown(self) -> None:
         pass

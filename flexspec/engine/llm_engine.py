@@ -13,7 +13,7 @@ from configs.sampling import SamplingParams
 from flexspec.engine.block_manager import BlockManager
 from flexspec.engine.detokenizer import IncrementalDetokenizer, find_stop
 from flexspec.engine.executor import Executor, LocalExecutor
-from flexspec.engine.model_input import ModelInput
+from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.outputs import RequestOutput
 from flexspec.engine.scheduler import Scheduler, SchedulerOutput
 from flexspec.engine.sequence import Sequence, TokenLogprob
@@ -29,6 +29,28 @@ class EngineStats:
     num_generation_tokens: int = 0
     num_steps: int = 0
     num_preemptions: int = 0
+
+
+@dataclass
+class _Step:
+    """A scheduled step: launched (``pending``, collected later) or already executed (``output``)."""
+
+    sched: SchedulerOutput
+    inp: ModelInput
+    t0: float
+    pending: Any = None
+    output: ModelOutput | None = None
+
+
+@dataclass
+class _Appended:
+    """Tokens a step appended to one sequence, waiting for ``LLMEngine._emit``."""
+
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    new_ids: list[int]
+    new_lps: list[TokenLogprob]
+    text_done: bool  # decoded already (requests with stop strings)
 
 
 class LLMEngine:
@@ -62,6 +84,7 @@ class LLMEngine:
         self.last_mode = "plain"  # execution mode the policy chose for the latest step
         self.last_step_seconds = 0.0
         self._ids = itertools.count()
+        self._inflight: _Step | None = None  # a launched step whose output is not processed yet
 
     # ---- requests -----------------------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -120,7 +143,7 @@ class LLMEngine:
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished
+        return self.scheduler.has_unfinished or self._inflight is not None
 
     # ---- one step -----------------------------------------------------------------------------------------
     def build_model_input(self, sched: SchedulerOutput) -> ModelInput:
@@ -160,7 +183,8 @@ class LLMEngine:
         inp.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
         return inp
 
-    def step(self) -> list[RequestOutput]:
+    def _schedule(self) -> tuple[SchedulerOutput, ModelInput] | list[RequestOutput]:
+        """Schedule the next step; returns its batch and input, or the outputs to return when nothing runs."""
         sched = self.scheduler.schedule()
         self.stats.num_preemptions += len(sched.preempted)
         if not sched.scheduled:
@@ -169,22 +193,57 @@ class LLMEngine:
                 self.scheduler.finish(seq, "abort")
                 return [self._output(seq, [], "", [])]
             return []
-        inp = self.build_model_input(sched)
+        return sched, self.build_model_input(sched)
+
+    @property
+    def overlaps_output_processing(self) -> bool:
+        """Whether ``step`` launches the next plain step before processing the last one's outputs."""
+        return (
+            self.config.async_output_processing
+            and self.policy is None
+            and getattr(self.executor, "can_launch", False)
+        )
+
+    def _start(self, sched: SchedulerOutput, inp: ModelInput) -> _Step:
         t0 = time.perf_counter()
-        out = self.executor.execute(inp)
-        elapsed = time.perf_counter() - t0
+        if self.overlaps_output_processing:
+            return _Step(sched, inp, t0, pending=self.executor.launch(inp))  # type: ignore[attr-defined]
+        return _Step(sched, inp, t0, output=self.executor.execute(inp))
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step and return the outputs of the step that completed.
+
+        With ``async_output_processing`` (plain decoding, one process) the engine overlaps: it waits for the
+        step launched by the previous call, applies its tokens (stop conditions, KV accounting), launches the
+        next step, and detokenizes / builds outputs while the device runs it. Stop strings are still checked
+        before the next step is scheduled, so no sequence runs a step past its stop.
+        """
+        if self._inflight is None:
+            nxt = self._schedule()
+            if isinstance(nxt, list):
+                return nxt
+            self._inflight = self._start(*nxt)
+        st, self._inflight = self._inflight, None
+        out = st.output if st.output is not None else self.executor.collect(st.pending)  # type: ignore[attr-defined]
+        elapsed = time.perf_counter() - st.t0
         self.last_step_seconds = elapsed
         self.stats.num_steps += 1
+        sched, inp = st.sched, st.inp
         step_metrics = SpecDecodingMetrics()
-        outputs: list[RequestOutput] = []
+        appended: list[_Appended] = []
         i = 0
         for s in sched.scheduled:
             seq = s.seq
-            samples = s.samples
-            if not samples:
+            if not s.samples:
                 seq.num_computed_tokens += s.num_new_tokens
                 continue
             tokens = out.token_ids[i]
+            lps_row = out.logprobs[i] if out.logprobs is not None else None
+            tops_row = out.top_logprobs[i] if out.top_logprobs is not None else None
+            drafts = out.draft_token_ids[i] if out.draft_token_ids is not None else []
+            i += 1
+            if seq.is_finished:  # aborted while its step was in flight
+                continue
             accepted = len(tokens) - 1
             if accepted > s.num_draft_tokens:
                 raise RuntimeError(f"executor emitted {len(tokens)} tokens for {s.num_draft_tokens} drafts")
@@ -194,30 +253,32 @@ class LLMEngine:
             # K/V of rejected drafts stay in the cache but are overwritten: only accepted positions count.
             seq.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens + accepted
             lps = None
-            if out.logprobs is not None and seq.params.logprobs is not None:
+            if lps_row is not None and seq.params.logprobs is not None:
                 n = seq.params.logprobs
-                lps = [
-                    TokenLogprob(t, lp, top[:n])
-                    for t, lp, top in zip(tokens, out.logprobs[i], out.top_logprobs[i])  # type: ignore[index]
-                ]
-            drafts = out.draft_token_ids[i] if out.draft_token_ids is not None else []
-            i += 1
-            outputs.append(self.append_tokens(seq, tokens, lps))
+                lps = [TokenLogprob(t, lp, top[:n]) for t, lp, top in zip(tokens, lps_row, tops_row)]  # type: ignore[arg-type]
+            appended.append(self._append_ids(seq, tokens, lps))
             seq.draft_token_ids = [] if seq.is_finished else list(drafts)
         self.spec_metrics.merge(step_metrics)
         if self.policy is not None and all(s.samples for s in sched.scheduled):
             self.policy.observe(
                 inp.spec_mode, len(sched.scheduled), elapsed, step_metrics.per_position_acceptance
             )
-        return outputs
+        early: list[RequestOutput] = []
+        if self.overlaps_output_processing and self.scheduler.has_unfinished:
+            nxt = self._schedule()
+            if isinstance(nxt, list):
+                early = nxt
+            else:
+                self._inflight = self._start(*nxt)
+        return [self._emit(a) for a in appended] + early
 
-    def append_tokens(
-        self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None = None
-    ) -> RequestOutput:
+    def _append_ids(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None) -> _Appended:
         """Append sampled/accepted tokens one by one, stopping exactly at EOS, a stop token, a stop string,
-        ``max_tokens`` or ``max_model_len``; tokens after the stop point are dropped."""
+        ``max_tokens`` or ``max_model_len``; tokens after the stop point are dropped. Text is decoded here only
+        for requests with stop strings (they need it to stop); the others decode in ``_emit``."""
         p = seq.params
         detok = self.detok[seq.request_id]
+        with_text = bool(p.stop)
         new_ids: list[int] = []
         new_lps: list[TokenLogprob] = []
         reason: str | None = None
@@ -227,17 +288,18 @@ class LLMEngine:
             if logprobs is not None:
                 new_lps.append(logprobs[i])
                 seq.logprobs.append(logprobs[i])
-            delta = detok.add(tok)
             if tok in self.eos_token_ids and not p.ignore_eos:
                 reason = "stop"
             elif tok in p.stop_token_ids:
                 reason, seq.stop_reason = "stop", tok
-            else:
-                cut = find_stop(detok.text, len(delta), p.stop)
-                if cut is not None:
-                    seq.stop_reason = min((s for s in p.stop if detok.text.startswith(s, cut)), key=len)
-                    detok.text = detok.text[:cut]
-                    reason = "stop"
+            if with_text:
+                delta = detok.add(tok)
+                if reason is None:
+                    cut = find_stop(detok.text, len(delta), p.stop)
+                    if cut is not None:
+                        seq.stop_reason = min((s for s in p.stop if detok.text.startswith(s, cut)), key=len)
+                        detok.text = detok.text[:cut]
+                        reason = "stop"
             if reason is None and (
                 seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len
             ):
@@ -245,18 +307,27 @@ class LLMEngine:
             if reason is not None:
                 break
         self.stats.num_generation_tokens += len(new_ids)
-        seq.output_text = detok.text
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._finished_seq_ids.append(seq.seq_id)
             self.seqs.pop(seq.request_id, None)
+        return _Appended(seq, detok, new_ids, new_lps, with_text)
+
+    def _emit(self, a: _Appended) -> RequestOutput:
+        """Detokenize what ``_append_ids`` left and build the request's output."""
+        seq = a.seq
+        if not a.text_done:
+            for tok in a.new_ids:
+                a.detok.add(tok)
+        seq.output_text = a.detok.text
+        if seq.is_finished:
             self.detok.pop(seq.request_id, None)
         # Stream only text that can no longer become the start of a stop string.
-        hold = 0 if seq.is_finished else max((len(s) - 1 for s in p.stop), default=0)
+        hold = 0 if seq.is_finished else max((len(s) - 1 for s in seq.params.stop), default=0)
         end = max(seq.num_text_sent, len(seq.output_text) - hold)
         new_text = seq.output_text[seq.num_text_sent : end]
         seq.num_text_sent = end
-        return self._output(seq, new_ids, new_text, new_lps)
+        return self._output(seq, a.new_ids, new_text, a.new_lps)
 
     def _output(
         self, seq: Sequence, new_ids: list[int], new_text: str, lps: list[TokenLogprob]

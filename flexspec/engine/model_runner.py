@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +21,17 @@ from flexspec.models.registry import build_model
 from flexspec.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class PendingStep:
+    """A launched plain step: sampled ids land in ``tokens`` (host) once ``event`` completes."""
+
+    tokens: torch.Tensor  # [N] int64, pinned host memory
+    event: torch.cuda.Event | None  # None on CPU (the step ran synchronously)
+    logits: torch.Tensor  # [N, V] fp32 on the device (for logprobs at collect time)
+    num_logprobs: int | None
+
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -88,6 +100,7 @@ class ModelRunner:
         self.num_kv_blocks = 0
         self.graphs: list[DecodeGraphs] = []  # by query length: plain decode (1) and verification (1 + K)
         self.spec_worker = None
+        self._tokens_host: torch.Tensor | None = None  # pinned readback buffer of sampled token ids
         if config.speculative_config is not None:
             from flexspec.spec.spec_worker import SpecDecodeWorker
 
@@ -235,14 +248,40 @@ class ModelRunner:
         """Forward + sampling (or verification + drafting). Every rank runs the forward; rank 0 returns."""
         if self.spec_worker is not None:
             return self.spec_worker.execute(inp)
-        logits, _ = self.forward(inp)
         if not self.tp.is_first:
+            self.forward(inp)
             return None
+        return self.collect(self.launch(inp))
+
+    @torch.inference_mode()
+    def launch(self, inp: ModelInput) -> PendingStep:
+        """Enqueue a plain step (forward + sampling) without waiting for the device: the sampled token ids are
+        copied to pinned host memory behind an event. ``collect`` must run before the next ``launch`` (graph
+        logits are static buffers the next replay overwrites)."""
+        logits, _ = self.forward(inp)
         meta = SamplingMetadata.build(inp.sampling_rows, self.device, inp.num_logprobs)
-        tokens = sample(logits, meta)
-        out = ModelOutput(token_ids=[[t] for t in tokens.tolist()])
-        if inp.num_logprobs is not None:
-            self.attach_logprobs(out, logits, list(range(len(out.token_ids))), inp.num_logprobs)
+        tokens = sample(logits, meta)  # [N] int64
+        n = tokens.shape[0]
+        if self._tokens_host is None or self._tokens_host.shape[0] < n:
+            cuda = self.device.type == "cuda"
+            self._tokens_host = torch.empty(
+                max(n, self.config.max_num_seqs), dtype=torch.int64, pin_memory=cuda
+            )
+        host = self._tokens_host[:n]
+        host.copy_(tokens, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return PendingStep(host, event, logits, inp.num_logprobs)
+
+    def collect(self, pending: PendingStep) -> ModelOutput:
+        """Wait for a launched step and return its output (rank 0)."""
+        if pending.event is not None:
+            pending.event.synchronize()
+        out = ModelOutput(token_ids=[[t] for t in pending.tokens.tolist()])
+        if pending.num_logprobs is not None:
+            self.attach_logprobs(out, pending.logits, list(range(len(out.token_ids))), pending.num_logprobs)
         return out
 
     def attach_logprobs(

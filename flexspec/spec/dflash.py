@@ -199,7 +199,8 @@ class DFlashDrafter(Drafter):
 
     def _cut(self, items: list[SeqDraftInput], drafts: torch.Tensor, keep: torch.Tensor) -> list[list[int]]:
         k = self.num_speculative_tokens
-        return [d[: min(b.num_drafts, k, n)] for b, d, n in zip(items, drafts.tolist(), keep.tolist())]
+        rows = torch.cat([drafts, keep.view(-1, 1).to(drafts.dtype)], 1).tolist()  # one readback
+        return [row[: min(b.num_drafts, k, row[-1])] for b, row in zip(items, rows)]
 
     def _store_context_rows(
         self, feats: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor

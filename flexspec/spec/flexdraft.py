@@ -186,7 +186,8 @@ class FlexDraftDrafter(Drafter):
             results.append((decoupled, drafts, keep))
         out: list[list[int]] = [[] for _ in batch]
         for order, drafts, keep in results:
-            for s, toks, k in zip(order, drafts.tolist(), keep.tolist()):
-                out[s] = toks[: min(k, batch[s].num_drafts)]
+            rows = torch.cat([drafts, keep.view(-1, 1).to(drafts.dtype)], 1).tolist()  # one readback
+            for s, row in zip(order, rows):
+                out[s] = row[: min(row[-1], batch[s].num_drafts)]
         self._side = None
         return DraftProposal(token_ids=out)
