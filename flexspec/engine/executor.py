@@ -36,10 +36,11 @@ class LocalExecutor:
         assert out is not None  # rank 0 always answers
         return out
 
-    @property
-    def can_launch(self) -> bool:
-        """Plain steps can be launched and collected separately (no drafter: its step syncs inside)."""
-        return self.runner.spec_worker is None
+    def can_launch(self, inp: ModelInput) -> bool:
+        """Whether ``inp`` can be launched and collected separately: a plain step (no drafter, or one whose
+        worker allows it: no drafts to verify or propose, no per-step drafter state)."""
+        worker = self.runner.spec_worker
+        return worker is None or worker.can_run_plain(inp)
 
     def launch(self, inp: ModelInput):
         """Start a plain step; ``collect`` its output before the next ``launch``."""

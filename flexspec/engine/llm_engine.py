@@ -85,6 +85,8 @@ class LLMEngine:
         self.last_step_seconds = 0.0
         self._ids = itertools.count()
         self._inflight: _Step | None = None  # a launched step whose output is not processed yet
+        self._busy = 0.0  # seconds inside step() since the latest step result (policy timing)
+        self._mark = 0.0
 
     # ---- requests -----------------------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -179,7 +181,6 @@ class LLMEngine:
             decision = self.policy.decide(sched)
             inp.num_speculative_tokens = decision.num_speculative_tokens
             inp.spec_mode = decision.mode
-        self.last_mode = inp.spec_mode if self.policy is not None else "plain"
         inp.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
         return inp
 
@@ -197,27 +198,33 @@ class LLMEngine:
 
     @property
     def overlaps_output_processing(self) -> bool:
-        """Whether ``step`` launches the next plain step before processing the last one's outputs."""
-        return (
-            self.config.async_output_processing
-            and self.policy is None
-            and getattr(self.executor, "can_launch", False)
-        )
+        """Whether ``step`` starts the next step before processing the last one's outputs (plain steps are then
+        launched without waiting; speculative steps still run synchronously)."""
+        return self.config.async_output_processing and hasattr(self.executor, "launch")
 
     def _start(self, sched: SchedulerOutput, inp: ModelInput) -> _Step:
         t0 = time.perf_counter()
-        if self.overlaps_output_processing:
-            return _Step(sched, inp, t0, pending=self.executor.launch(inp))  # type: ignore[attr-defined]
-        return _Step(sched, inp, t0, output=self.executor.execute(inp))
+        ex: Any = self.executor
+        if self.overlaps_output_processing and ex.can_launch(inp):
+            return _Step(sched, inp, t0, pending=ex.launch(inp))
+        return _Step(sched, inp, t0, output=ex.execute(inp))
 
     def step(self) -> list[RequestOutput]:
         """Run one step and return the outputs of the step that completed.
 
-        With ``async_output_processing`` (plain decoding, one process) the engine overlaps: it waits for the
-        step launched by the previous call, applies its tokens (stop conditions, KV accounting), launches the
-        next step, and detokenizes / builds outputs while the device runs it. Stop strings are still checked
-        before the next step is scheduled, so no sequence runs a step past its stop.
+        With ``async_output_processing`` (one process) the engine overlaps: it waits for the step started by
+        the previous call, applies its tokens (stop conditions, KV accounting), starts the next step, and
+        detokenizes / builds outputs while the device runs it. Plain steps are launched without waiting;
+        speculative steps (and plain ones whose drafter must see every step) run synchronously at that point.
+        Stop strings are still checked before the next step is scheduled, so no sequence runs past its stop.
         """
+        self._mark = time.perf_counter()
+        try:
+            return self._step()
+        finally:
+            self._busy += time.perf_counter() - self._mark
+
+    def _step(self) -> list[RequestOutput]:
         if self._inflight is None:
             nxt = self._schedule()
             if isinstance(nxt, list):
@@ -225,10 +232,16 @@ class LLMEngine:
             self._inflight = self._start(*nxt)
         st, self._inflight = self._inflight, None
         out = st.output if st.output is not None else self.executor.collect(st.pending)  # type: ignore[attr-defined]
-        elapsed = time.perf_counter() - st.t0
-        self.last_step_seconds = elapsed
+        done = time.perf_counter()
+        self.last_step_seconds = done - st.t0
+        # The policy compares modes by the engine time between two steps' results (scheduling, launch, output
+        # processing and the wait), which is what throughput pays, overlapped or not; time the caller spends
+        # between step() calls is not counted.
+        period = self._busy + (done - self._mark)
+        self._busy, self._mark = 0.0, done
         self.stats.num_steps += 1
         sched, inp = st.sched, st.inp
+        self.last_mode = inp.spec_mode if self.policy is not None else "plain"  # of the step returned now
         step_metrics = SpecDecodingMetrics()
         appended: list[_Appended] = []
         i = 0
@@ -261,7 +274,7 @@ class LLMEngine:
         self.spec_metrics.merge(step_metrics)
         if self.policy is not None and all(s.samples for s in sched.scheduled):
             self.policy.observe(
-                inp.spec_mode, len(sched.scheduled), elapsed, step_metrics.per_position_acceptance
+                inp.spec_mode, len(sched.scheduled), period, step_metrics.per_position_acceptance
             )
         early: list[RequestOutput] = []
         if self.overlaps_output_processing and self.scheduler.has_unfinished:

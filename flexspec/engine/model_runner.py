@@ -257,7 +257,10 @@ class ModelRunner:
     def launch(self, inp: ModelInput) -> PendingStep:
         """Enqueue a plain step (forward + sampling) without waiting for the device: the sampled token ids are
         copied to pinned host memory behind an event. ``collect`` must run before the next ``launch`` (graph
-        logits are static buffers the next replay overwrites)."""
+        logits are static buffers the next replay overwrites). With a drafter, only steps its worker allows
+        (``SpecDecodeWorker.can_run_plain``)."""
+        if self.spec_worker is not None:
+            self.spec_worker.note_plain_step(inp)
         logits, _ = self.forward(inp)
         meta = SamplingMetadata.build(inp.sampling_rows, self.device, inp.num_logprobs)
         tokens = sample(logits, meta)  # [N] int64

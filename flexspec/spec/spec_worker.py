@@ -36,6 +36,30 @@ class SpecDecodeWorker:
         if seq_ids:
             self.drafter.free(seq_ids)
 
+    def can_run_plain(self, inp: ModelInput) -> bool:
+        """Whether ``inp`` is a plain step the runner may launch without this worker: it proposes nothing,
+        verifies no drafts, and the drafter keeps no per-step state (FlexDraft, n-gram; not DFlash/EAGLE)."""
+        return (
+            inp.num_speculative_tokens == 0
+            and not any(inp.num_draft_tokens)
+            and not self.drafter.observes_every_step
+        )
+
+    def note_plain_step(self, inp: ModelInput) -> None:
+        """Bookkeeping for a plain step the runner launches itself (``can_run_plain``): free finished
+        sequences, extend each history with the step's committed inputs (its sampled token is the next step's
+        input, added then), and forget pending draft distributions."""
+        self._forget(inp.finished_seq_ids)
+        r = 0
+        for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
+            if ctx == 0 and sid in self.history:  # recomputed after preemption: start over
+                self._forget([sid])
+            hist = self.history.setdefault(sid, [])
+            del hist[ctx:]
+            hist.extend(inp.input_ids[r : r + n])
+            self.pending_probs[sid] = None
+            r += n
+
     @torch.inference_mode()
     def execute(self, inp: ModelInput) -> ModelOutput | None:
         runner = self.runner

@@ -1,0 +1,48 @@
+"""Plain steps of a speculative engine are launched like the plain engine's (async output processing) when the
+drafter keeps no per-step state, and mixing them with speculative steps keeps T=0 output exact (issue 6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs import SamplingParams
+from flexspec.spec.policy import Decision
+from tests.spec.conftest import spec_engine
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"method": "flexdraft", "model": "smollm2-135m-instruct-flexdraft", "num_speculative_tokens": 4},
+        {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+    ],
+    ids=["flexdraft", "ngram"],
+)
+def test_plain_steps_between_speculative_steps_are_launched_and_exact(plain_128, spec):
+    prompts, want = plain_128
+    prompts, want = prompts[::5], [w[:48] for w in want[::5]]
+    eng = spec_engine(spec, max_num_seqs=8)
+    decide = eng.policy.decide
+    calls = {"decisions": 0, "launched": 0, "executed": 0}
+
+    def every_third_plain(sched):  # the policy's choice, except every third step decodes plainly
+        calls["decisions"] += 1
+        return Decision("plain", 0) if calls["decisions"] % 3 == 0 else decide(sched)
+
+    launch, execute = eng.executor.launch, eng.executor.execute
+
+    def counted(name, fn):
+        def wrapper(inp):
+            calls[name] += 1
+            return fn(inp)
+
+        return wrapper
+
+    eng.policy.decide = every_third_plain
+    eng.executor.launch = counted("launched", launch)
+    eng.executor.execute = counted("executed", execute)
+    outs = eng.generate(prompts, SamplingParams(max_tokens=48, temperature=0))
+    assert [o.token_ids for o in outs] == want
+    assert calls["launched"] > 0 and calls["executed"] > 0  # both kinds of step ran
+    assert eng.spec_metrics.num_accepted_tokens > 0  # speculation still accepted drafts after plain steps
+    assert eng.block_manager.usage == 0.0
