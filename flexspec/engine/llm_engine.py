@@ -347,7 +347,7 @@ class LLMEngine:
     ) -> RequestOutput:
         return RequestOutput(
             request_id=seq.request_id,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            prompt_token_ids=seq.prompt_token_ids,
             token_ids=seq.output_token_ids,
             text=seq.output_text,
             new_token_ids=new_ids,

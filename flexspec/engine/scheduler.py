@@ -32,7 +32,13 @@ class ScheduledSequence:
     def token_ids(self) -> list[int]:
         s = self.seq
         start = s.num_computed_tokens
-        return (s.token_ids + s.draft_token_ids[: self.num_draft_tokens])[start : start + self.num_new_tokens]
+        end = start + self.num_new_tokens
+        ids = s.token_ids[
+            start:end
+        ]  # slice before joining: a decode step copies 1 + drafts ids, not the sequence
+        if end > len(s.token_ids):
+            ids += s.draft_token_ids[: end - len(s.token_ids)]
+        return ids
 
 
 @dataclass

@@ -37,6 +37,7 @@ class Sequence:
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
+        self.prompt_token_ids: list[int] = list(prompt_token_ids)  # shared by every output (read-only)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
