@@ -9,14 +9,12 @@ rank ever decides on its own. Each step the policy picks how to draft for the ne
 
 With ``execution: auto`` it maximises expected emitted tokens per second = E[tokens per step] / step time,
 where E[tokens per step] is the mean over the batch's requests of each request's estimated MAL, and step times
-are measured online per (mode, batch-size bucket). A request's estimate shrinks its own running MAL (an EMA
-over its verifications) toward the global one (1 + sum_i per-position acceptance i of all requests) by their
-precisions (empirical Bayes): ``own`` has variance ``(var_own + MIN_VAR) / n`` (var_own = the EMA variance of
-its tokens per step, n = its verifications, at most the EMA's window), the global estimate ``TAU2`` (how much
-requests' true MALs differ). A request whose verifications are noisy (1 token, then 6, then 1) is judged mostly
-by the global estimate, one that consistently rejects by its own; n fades by ``EVIDENCE_DECAY`` per step
-without drafts, so a request sent to plain decoding drifts back toward the global estimate and is tried again
-(it never verifies while plain, so its own estimate would otherwise stay stale).
+are measured online per (mode, batch-size bucket). A request's estimate is its running MAL (an EMA over its
+verifications) shrunk toward the global one (1 + sum_i per-position acceptance i of all requests) by how much
+evidence it has: ``(w * own + PRIOR_WEIGHT * global) / (w + PRIOR_WEIGHT)``, where w grows by one per
+verification (up to ``MAX_EVIDENCE``) and shrinks by ``EVIDENCE_DECAY`` per step without drafts. So a request
+that a few unlucky verifications sent to plain decoding drifts back toward the global estimate and is tried
+again after a few steps, instead of keeping a stale pessimistic estimate (it never verifies while plain).
 Step times:
 
 * warm-up: each option is measured ``WARMUP_SAMPLES`` times, at whatever batch size comes first;
@@ -50,22 +48,9 @@ PROBE_STEPS = 2  # consecutive steps of a re-measurement (the first is a switch 
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
 EMA = 0.2
-TAU2 = 0.1  # variance of true per-request MAL around the global estimate (prior of the shrinkage)
-MIN_VAR = 0.1  # floor on one verification's variance (tokens^2): a few identical results are not certainty
-MAX_EVIDENCE = (2 - EMA) / EMA  # the EMA's effective window: a request's n never exceeds it
-EVIDENCE_DECAY = 0.95  # per step without drafts: a request's n fades, its estimate drifts to the global one
-
-
-def request_estimate(seq, prior: float) -> float:
-    """A request's expected tokens per speculative step: its running MAL shrunk toward ``prior`` (the global
-    estimate) by precision, see the module doc; ``prior`` for a request never verified."""
-    own = getattr(seq, "spec_tokens_per_step", None)
-    n = getattr(seq, "spec_evidence", 0.0)
-    if own is None or n <= 0.0:
-        return prior
-    var = max(getattr(seq, "spec_tokens_sq", own * own) - own * own, 0.0)
-    w_own = n / (var + MIN_VAR)
-    return (w_own * own + prior / TAU2) / (w_own + 1.0 / TAU2)
+PRIOR_WEIGHT = 1.0  # the global acceptance estimate counts as this many verifications of a request
+MAX_EVIDENCE = 10.0  # a request's own estimate never outweighs this many verifications (~ the EMA's window)
+EVIDENCE_DECAY = 0.95  # per step without drafts: a request's own estimate fades toward the global one
 
 
 def batch_bucket(num_seqs: int) -> int:
@@ -161,9 +146,15 @@ class SpeculationPolicy:
         return 1.0 + sum(self.acceptance[: self.spec.num_speculative_tokens])
 
     def _batch_tokens_per_step(self, sched: SchedulerOutput) -> float:
-        """Mean over the batch of each request's estimated MAL (``request_estimate``)."""
+        """Mean over the batch of each request's estimated MAL: its running MAL shrunk toward the global
+        estimate by its evidence (see the module doc); the global estimate for requests never verified."""
         prior = self.expected_tokens_per_step("decoupled")
-        total = sum(request_estimate(getattr(s, "seq", None), prior) for s in sched.scheduled)
+        total = 0.0
+        for s in sched.scheduled:
+            seq = getattr(s, "seq", None)
+            own = getattr(seq, "spec_tokens_per_step", None)
+            w = getattr(seq, "spec_evidence", 0.0) if own is not None else 0.0
+            total += (w * own + PRIOR_WEIGHT * prior) / (w + PRIOR_WEIGHT) if own is not None else prior
         return total / max(len(sched.scheduled), 1)
 
     def samples(self, mode: str) -> int:
@@ -233,10 +224,6 @@ class SpeculationPolicy:
             seq.spec_evidence = evidence * EVIDENCE_DECAY
             return
         tokens = num_accepted + 1.0
-        prev, prev_sq = seq.spec_tokens_per_step, getattr(seq, "spec_tokens_sq", None)
-        if prev is None or prev_sq is None:
-            seq.spec_tokens_per_step, seq.spec_tokens_sq = tokens, tokens * tokens
-        else:
-            seq.spec_tokens_per_step = (1 - EMA) * prev + EMA * tokens
-            seq.spec_tokens_sq = (1 - EMA) * prev_sq + EMA * tokens * tokens
+        prev = seq.spec_tokens_per_step
+        seq.spec_tokens_per_step = tokens if prev is None else (1 - EMA) * prev + EMA * tokens
         seq.spec_evidence = min(MAX_EVIDENCE, evidence + 1.0)
