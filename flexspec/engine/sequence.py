@@ -55,7 +55,6 @@ class Sequence:
         # Speculative decoding: draft tokens proposed for the next step (not yet verified).
         self.draft_token_ids: list[int] = []
         self.spec_tokens_per_step: float | None = None  # this request's running MAL (speculation policy)
-        self.spec_evidence = 0.0  # how many verifications back that estimate (decays while not drafting)
 
     def __len__(self) -> int:
         return len(self.token_ids)

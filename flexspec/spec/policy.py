@@ -8,14 +8,9 @@ rank ever decides on its own. Each step the policy picks how to draft for the ne
 * ``parallel``  — draft inside the verification forward (FlexDraft only: O(B^2) extra tokens per sequence).
 
 With ``execution: auto`` it maximises expected emitted tokens per second = E[tokens per step] / step time,
-where E[tokens per step] is the mean over the batch's requests of each request's estimated MAL, and step times
-are measured online per (mode, batch-size bucket). A request's estimate is its running MAL (an EMA over its
-verifications) shrunk toward the global one (1 + sum_i per-position acceptance i of all requests) by how much
-evidence it has: ``(w * own + PRIOR_WEIGHT * global) / (w + PRIOR_WEIGHT)``, where w grows by one per
-verification (up to ``MAX_EVIDENCE``) and shrinks by ``EVIDENCE_DECAY`` per step without drafts. So a request
-that a few unlucky verifications sent to plain decoding drifts back toward the global estimate and is tried
-again after a few steps, instead of keeping a stale pessimistic estimate (it never verifies while plain).
-Step times:
+where E[tokens per step] is the mean over the batch's requests of each request's running MAL (requests that
+have not been verified yet use 1 + sum_i per-position acceptance i of all requests), and step times are
+measured online per (mode, batch-size bucket):
 
 * warm-up: each option is measured ``WARMUP_SAMPLES`` times, at whatever batch size comes first;
 * a bucket not measured yet for a mode borrows the nearest measured bucket's time, scaled by how plain
@@ -48,9 +43,6 @@ PROBE_STEPS = 2  # consecutive steps of a re-measurement (the first is a switch 
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
 EMA = 0.2
-PRIOR_WEIGHT = 1.0  # the global acceptance estimate counts as this many verifications of a request
-MAX_EVIDENCE = 10.0  # a request's own estimate never outweighs this many verifications (~ the EMA's window)
-EVIDENCE_DECAY = 0.95  # per step without drafts: a request's own estimate fades toward the global one
 
 
 def batch_bucket(num_seqs: int) -> int:
@@ -146,16 +138,10 @@ class SpeculationPolicy:
         return 1.0 + sum(self.acceptance[: self.spec.num_speculative_tokens])
 
     def _batch_tokens_per_step(self, sched: SchedulerOutput) -> float:
-        """Mean over the batch of each request's estimated MAL: its running MAL shrunk toward the global
-        estimate by its evidence (see the module doc); the global estimate for requests never verified."""
-        prior = self.expected_tokens_per_step("decoupled")
-        total = 0.0
-        for s in sched.scheduled:
-            seq = getattr(s, "seq", None)
-            own = getattr(seq, "spec_tokens_per_step", None)
-            w = getattr(seq, "spec_evidence", 0.0) if own is not None else 0.0
-            total += (w * own + PRIOR_WEIGHT * prior) / (w + PRIOR_WEIGHT) if own is not None else prior
-        return total / max(len(sched.scheduled), 1)
+        """Mean over the batch of each request's running MAL (the global estimate for requests without one)."""
+        fallback = self.expected_tokens_per_step("decoupled")
+        per_seq = [getattr(getattr(s, "seq", None), "spec_tokens_per_step", None) for s in sched.scheduled]
+        return sum(fallback if t is None else t for t in per_seq) / max(len(per_seq), 1)
 
     def samples(self, mode: str) -> int:
         return sum(st.n for (m, _), st in self.step_times.items() if m == mode)
@@ -217,13 +203,9 @@ class SpeculationPolicy:
 
     @staticmethod
     def observe_request(seq, num_draft_tokens: int, num_accepted: int) -> None:
-        """Update one request's running MAL and its evidence after a step that verified ``num_draft_tokens``
-        drafts (0: a plain step, which only fades the evidence)."""
-        evidence = getattr(seq, "spec_evidence", 0.0)
+        """Update one request's running MAL after a verification of ``num_draft_tokens`` drafts."""
         if num_draft_tokens == 0:
-            seq.spec_evidence = evidence * EVIDENCE_DECAY
             return
         tokens = num_accepted + 1.0
         prev = seq.spec_tokens_per_step
         seq.spec_tokens_per_step = tokens if prev is None else (1 - EMA) * prev + EMA * tokens
-        seq.spec_evidence = min(MAX_EVIDENCE, evidence + 1.0)

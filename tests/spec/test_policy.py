@@ -131,30 +131,3 @@ def test_a_pessimistic_estimate_is_probed_again():
     assert modes[first + 1] == "decoupled"  # a probe is two steps: the first is a switch step
     assert modes[-100:].count("decoupled") > 90
     assert "parallel" not in modes  # 50x slower: never probed
-
-
-def test_a_request_sent_to_plain_decoding_is_tried_again_as_its_estimate_fades():
-    """Unlucky verifications make a request look poor; while it decodes plainly its own estimate fades toward
-    the global one, so speculation is tried again after a few steps, and a request that keeps rejecting
-    drafts spends most steps plain."""
-    from types import SimpleNamespace
-
-    from flexspec.spec.policy import MAX_EVIDENCE
-
-    pol = _policy(execution="auto")
-    times = {"plain": 1.0, "decoupled": 1.5, "parallel": 9.0}
-    _train(pol, 1, times, [0.9, 0.8, 0.7, 0.6])  # global: E = 4.0 tokens per step
-    item = SimpleNamespace(seq=SimpleNamespace(spec_tokens_per_step=None))
-    batch = SchedulerOutput(scheduled=[item], preempted=[])  # type: ignore[list-item]
-    for _ in range(20):  # rejected every time: own MAL 1.0, full evidence
-        pol.observe_request(item.seq, 4, 0)
-    assert item.seq.spec_evidence == MAX_EVIDENCE
-    modes = []
-    for _ in range(60):
-        d = pol.decide(batch)
-        modes.append(d.mode)
-        pol.observe_request(item.seq, 4 if d.mode != "plain" else 0, 0)  # still rejects everything
-    assert modes[0] == "plain"
-    first_retry = modes.index("decoupled")
-    assert 2 <= first_retry <= 20  # tried again after some plain steps, not after REEXPLORE_EVERY decisions
-    assert modes.count("plain") > 40  # but a request that keeps rejecting stays mostly plain
