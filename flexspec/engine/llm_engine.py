@@ -150,30 +150,45 @@ class LLMEngine:
     # ---- one step -----------------------------------------------------------------------------------------
     def build_model_input(self, sched: SchedulerOutput) -> ModelInput:
         bs = self.config.kv_block_size
+        max_model_len = self.config.max_model_len
         inp = ModelInput([], [], [], [], [], [], [])
+        ids, positions, slots, logits_indices, rows = (
+            inp.input_ids,
+            inp.positions,
+            inp.slot_mapping,
+            inp.logits_indices,
+            inp.sampling_rows,
+        )
         num_logprobs: int | None = None
         for s in sched.scheduled:
             seq = s.seq
             start = seq.num_computed_tokens
-            first_row = len(inp.input_ids)
-            inp.input_ids.extend(s.token_ids)
-            for pos in range(start, start + s.num_new_tokens):
-                inp.positions.append(pos)
-                inp.slot_mapping.append(seq.block_table[pos // bs] * bs + pos % bs)
-            inp.block_tables.append(seq.block_table)
+            n, d = s.num_new_tokens, s.num_draft_tokens
+            samples = start + n == len(seq.token_ids) + d  # ScheduledSequence.samples, inlined (hot loop)
+            first_row = len(ids)
+            table = seq.block_table
+            if n == 1 and d == 0:  # a plain decode step: the last token
+                ids.append(seq.token_ids[start])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                ids.extend(s.token_ids)
+                for pos in range(start, start + n):
+                    positions.append(pos)
+                    slots.append(table[pos // bs] * bs + pos % bs)
+            inp.block_tables.append(table)
             inp.context_lens.append(start)
-            inp.query_lens.append(s.num_new_tokens)
+            inp.query_lens.append(n)
             inp.seq_ids.append(seq.seq_id)
-            inp.num_draft_tokens.append(s.num_draft_tokens)
-            inp.samples.append(s.samples)
-            inp.max_lens.append(min(seq.num_prompt_tokens + seq.params.max_tokens, self.config.max_model_len))
-            if s.samples:
-                p = seq.params
-                for j in range(s.num_draft_tokens + 1):
-                    inp.logits_indices.append(first_row + s.num_new_tokens - 1 - s.num_draft_tokens + j)
-                    inp.sampling_rows.append(
-                        (p.temperature, p.top_p, p.top_k, seq.seed, seq.num_output_tokens + j)
-                    )
+            inp.num_draft_tokens.append(d)
+            inp.samples.append(samples)
+            p = seq.params
+            inp.max_lens.append(min(seq.num_prompt_tokens + p.max_tokens, max_model_len))
+            if samples:
+                num_out = len(seq.token_ids) - seq.num_prompt_tokens
+                for j in range(d + 1):
+                    logits_indices.append(first_row + n - 1 - d + j)
+                    rows.append((p.temperature, p.top_p, p.top_k, seq.seed, num_out + j))
                 if p.logprobs is not None:
                     num_logprobs = max(num_logprobs or 0, p.logprobs)
         inp.num_logprobs = num_logprobs
@@ -245,9 +260,9 @@ class LLMEngine:
         step_metrics = SpecDecodingMetrics()
         appended: list[_Appended] = []
         i = 0
-        for s in sched.scheduled:
+        for s, samples in zip(sched.scheduled, inp.samples):  # inp.samples: as scheduled (before updates)
             seq = s.seq
-            if not s.samples:
+            if not samples:
                 seq.num_computed_tokens += s.num_new_tokens
                 continue
             tokens = out.token_ids[i]
@@ -272,7 +287,7 @@ class LLMEngine:
             appended.append(self._append_ids(seq, tokens, lps))
             seq.draft_token_ids = [] if seq.is_finished else list(drafts)
         self.spec_metrics.merge(step_metrics)
-        if self.policy is not None and all(s.samples for s in sched.scheduled):
+        if self.policy is not None and all(inp.samples):
             self.policy.observe(
                 inp.spec_mode, len(sched.scheduled), period, step_metrics.per_position_acceptance
             )

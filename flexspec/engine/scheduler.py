@@ -76,14 +76,20 @@ class Scheduler:
         preempted: list[Sequence] = []
         bm = self.block_manager
 
+        block_size = bm.block_size
         for seq in list(self.running):
             if seq.status is not SequenceStatus.RUNNING or budget == 0:
                 continue
-            uncomputed = seq.num_uncomputed_tokens
+            computed = seq.num_computed_tokens
+            uncomputed = len(seq.token_ids) - computed
             # Draft tokens must fit the budget and max_model_len; otherwise verify fewer of them.
-            room = min(budget, max_len - seq.num_computed_tokens)
+            room = min(budget, max_len - computed)
             drafts = max(0, min(len(seq.draft_token_ids), room - uncomputed))
             n = min(uncomputed + drafts, room)
+            if computed + n <= len(seq.block_table) * block_size:  # fits its blocks: nothing to allocate
+                scheduled.append(ScheduledSequence(seq, n, drafts))
+                budget -= n
+                continue
             while not bm.can_allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim)
