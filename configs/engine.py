@@ -36,9 +36,9 @@ class EngineConfig(BaseModel):
     enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
     async_output_processing: bool = Field(
         True,
-        description="Overlap a step's output processing (detokenization, stop strings, request outputs) with "
-        "the next step's forward (vLLM's async output processing). Plain decoding on one process only; "
-        "speculative decoding and TP > 1 run steps synchronously.",
+        description="Overlap a step's output processing (detokenization, request outputs) with the next step "
+        "(vLLM's async output processing). One process (TP = 1): plain steps are launched without waiting "
+        "(also a drafter's plain steps when it keeps no per-step state); speculative steps run synchronously.",
     )
     cuda_graph_batch_sizes: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64],

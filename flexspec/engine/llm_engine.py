@@ -51,6 +51,7 @@ class _Appended:
     new_ids: list[int]
     new_lps: list[TokenLogprob]
     text_done: bool  # decoded already (requests with stop strings)
+    stopped_by_token: bool = False  # the last id is EOS / a stop token id: kept in ids, not in text (vLLM)
 
 
 class LLMEngine:
@@ -260,10 +261,13 @@ class LLMEngine:
         step_metrics = SpecDecodingMetrics()
         appended: list[_Appended] = []
         i = 0
-        for s, samples in zip(sched.scheduled, inp.samples):  # inp.samples: as scheduled (before updates)
+        # inp.samples: as scheduled. Never recompute it from the sequence here: an abort while the step was in
+        # flight resets the sequence (its row must still be consumed, or later rows shift onto other requests).
+        for s, samples in zip(sched.scheduled, inp.samples):
             seq = s.seq
             if not samples:
-                seq.num_computed_tokens += s.num_new_tokens
+                if not seq.is_finished:
+                    seq.num_computed_tokens += s.num_new_tokens
                 continue
             tokens = out.token_ids[i]
             lps_row = out.logprobs[i] if out.logprobs is not None else None
@@ -286,6 +290,8 @@ class LLMEngine:
                 lps = [TokenLogprob(t, lp, top[:n]) for t, lp, top in zip(tokens, lps_row, tops_row)]  # type: ignore[arg-type]
             appended.append(self._append_ids(seq, tokens, lps))
             seq.draft_token_ids = [] if seq.is_finished else list(drafts)
+        if i != len(out.token_ids):
+            raise RuntimeError(f"step returned {len(out.token_ids)} token rows for {i} sampling sequences")
         self.spec_metrics.merge(step_metrics)
         if self.policy is not None and all(inp.samples):
             self.policy.observe(
@@ -320,14 +326,13 @@ class LLMEngine:
                 reason = "stop"
             elif tok in p.stop_token_ids:
                 reason, seq.stop_reason = "stop", tok
-            if with_text:
+            if with_text and reason is None:  # a stop token's own text is not part of the output (vLLM)
                 delta = detok.add(tok)
-                if reason is None:
-                    cut = find_stop(detok.text, len(delta), p.stop)
-                    if cut is not None:
-                        seq.stop_reason = min((s for s in p.stop if detok.text.startswith(s, cut)), key=len)
-                        detok.text = detok.text[:cut]
-                        reason = "stop"
+                cut = find_stop(detok.text, len(delta), p.stop)
+                if cut is not None:
+                    seq.stop_reason = min((s for s in p.stop if detok.text.startswith(s, cut)), key=len)
+                    detok.text = detok.text[:cut]
+                    reason = "stop_string"
             if reason is None and (
                 seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len
             ):
@@ -335,17 +340,18 @@ class LLMEngine:
             if reason is not None:
                 break
         self.stats.num_generation_tokens += len(new_ids)
+        stopped_by_token = reason == "stop"
         if reason is not None:
-            self.scheduler.finish(seq, reason)
+            self.scheduler.finish(seq, "stop" if reason == "stop_string" else reason)
             self._finished_seq_ids.append(seq.seq_id)
             self.seqs.pop(seq.request_id, None)
-        return _Appended(seq, detok, new_ids, new_lps, with_text)
+        return _Appended(seq, detok, new_ids, new_lps, with_text, stopped_by_token)
 
     def _emit(self, a: _Appended) -> RequestOutput:
         """Detokenize what ``_append_ids`` left and build the request's output."""
         seq = a.seq
         if not a.text_done:
-            for tok in a.new_ids:
+            for tok in a.new_ids[:-1] if a.stopped_by_token else a.new_ids:
                 a.detok.add(tok)
         seq.output_text = a.detok.text
         if seq.is_finished:

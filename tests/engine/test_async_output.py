@@ -111,3 +111,37 @@ def test_abort_while_a_step_is_in_flight(engine):
     assert engine.block_manager.usage == 0.0
     alone = engine.generate([chat(engine, "Name a fruit.")], SamplingParams(max_tokens=8, temperature=0))[0]
     assert alone.token_ids == got[keep][-1].token_ids
+
+
+def test_aborting_an_earlier_request_in_flight_leaves_the_others_exact(engine):
+    """The aborted request's row of the in-flight step must still be consumed; otherwise every later request in
+    the batch reads its neighbour's token (found by a fresh-user trial: clients disconnecting mid-stream)."""
+    prompts = [chat(engine, t) for t in ("Tell me about dragons.", "Write a short poem about the sea.", "Name a car.")]
+    greedy = SamplingParams(max_tokens=20, temperature=0)
+    solo = [engine.generate([p], greedy)[0].token_ids for p in prompts[1:]]
+    rids = [engine.add_request(p, greedy) for p in prompts]
+    got = {r: [] for r in rids}
+    for step in range(30):
+        if step == 4:
+            assert engine._inflight is not None
+            engine.abort(rids[0])  # the first row of the in-flight step
+        for o in engine.step():
+            got[o.request_id].append(o)
+        if not engine.has_unfinished:
+            break
+    assert [got[r][-1].token_ids for r in rids[1:]] == solo
+    assert all(not o.finished for o in got[rids[0]])
+    assert engine.block_manager.usage == 0.0
+
+
+def test_stop_token_text_is_not_in_the_output(engine):
+    """As in vLLM: the id that stopped the request stays in token_ids, its text does not enter the text."""
+    prompt = chat(engine, "Write a short poem about the sea.")
+    full = engine.generate([prompt], SamplingParams(max_tokens=24, temperature=0))[0]
+    tok = full.token_ids[6]
+    o = engine.generate([prompt], SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[tok]))[0]
+    cut = full.token_ids.index(tok)
+    assert o.token_ids == full.token_ids[: cut + 1] and o.stop_reason == tok
+    assert o.text == engine.tokenizer.decode(full.token_ids[:cut], skip_special_tokens=True)
+    assert engine.tokenizer.decode([tok]).strip()  # the stop token has visible text, and it was left out
+    assert len(o.text) < len(engine.tokenizer.decode(full.token_ids[: cut + 1], skip_special_tokens=True))
