@@ -316,6 +316,7 @@ class LLMEngine:
         new_ids: list[int] = []
         new_lps: list[TokenLogprob] = []
         reason: str | None = None
+        stopped_by_token = False
         for i, tok in enumerate(tokens):
             seq.token_ids.append(tok)
             new_ids.append(tok)
@@ -323,16 +324,16 @@ class LLMEngine:
                 new_lps.append(logprobs[i])
                 seq.logprobs.append(logprobs[i])
             if tok in self.eos_token_ids and not p.ignore_eos:
-                reason = "stop"
+                reason, stopped_by_token = "stop", True
             elif tok in p.stop_token_ids:
-                reason, seq.stop_reason = "stop", tok
+                reason, stopped_by_token, seq.stop_reason = "stop", True, tok
             if with_text and reason is None:  # a stop token's own text is not part of the output (vLLM)
                 delta = detok.add(tok)
                 cut = find_stop(detok.text, len(delta), p.stop)
                 if cut is not None:
                     seq.stop_reason = min((s for s in p.stop if detok.text.startswith(s, cut)), key=len)
                     detok.text = detok.text[:cut]
-                    reason = "stop_string"
+                    reason = "stop"
             if reason is None and (
                 seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len
             ):
@@ -340,9 +341,8 @@ class LLMEngine:
             if reason is not None:
                 break
         self.stats.num_generation_tokens += len(new_ids)
-        stopped_by_token = reason == "stop"
         if reason is not None:
-            self.scheduler.finish(seq, "stop" if reason == "stop_string" else reason)
+            self.scheduler.finish(seq, reason)
             self._finished_seq_ids.append(seq.seq_id)
             self.seqs.pop(seq.request_id, None)
         return _Appended(seq, detok, new_ids, new_lps, with_text, stopped_by_token)

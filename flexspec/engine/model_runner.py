@@ -262,7 +262,7 @@ class ModelRunner:
         if self.spec_worker is not None:
             self.spec_worker.note_plain_step(inp)
         logits, _ = self.forward(inp)
-        meta = SamplingMetadata.build(inp.sampling_rows, self.device, inp.num_logprobs)
+        meta = SamplingMetadata(inp.sampling_rows, self.device, inp.num_logprobs)
         tokens = sample(logits, meta)  # [N] int64
         n = tokens.shape[0]
         if self._tokens_host is None or self._tokens_host.shape[0] < n:

@@ -42,15 +42,6 @@ class SamplingMetadata:
         self.need_top_k = any(r[2] > 0 for r in rows)
         self.need_top_p = any(r[1] < 1.0 for r in rows)
 
-    @classmethod
-    def build(
-        cls,
-        rows: list[tuple[float, float, int, int, int]],
-        device: torch.device,
-        max_num_logprobs: int | None = None,
-    ) -> SamplingMetadata:
-        return cls(rows, device, max_num_logprobs)
-
     def _column(self, i: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor([r[i] for r in self.rows], dtype=dtype).to(self.device, non_blocking=True)
 

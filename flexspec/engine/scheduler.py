@@ -86,19 +86,16 @@ class Scheduler:
             room = min(budget, max_len - computed)
             drafts = max(0, min(len(seq.draft_token_ids), room - uncomputed))
             n = min(uncomputed + drafts, room)
-            if computed + n <= len(seq.block_table) * block_size:  # fits its blocks: nothing to allocate
-                scheduled.append(ScheduledSequence(seq, n, drafts))
-                budget -= n
-                continue
-            while not bm.can_allocate(seq, seq.num_computed_tokens + n):
-                victim = self.running[-1]
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is seq:
-                    break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue
-            bm.allocate(seq, seq.num_computed_tokens + n)
+            if computed + n > len(seq.block_table) * block_size:  # needs new blocks (most steps do not)
+                while not bm.can_allocate(seq, computed + n):
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
+                    continue
+                bm.allocate(seq, computed + n)
             scheduled.append(ScheduledSequence(seq, n, drafts))
             budget -= n
 

@@ -52,13 +52,19 @@ class SpecDecodeWorker:
         self._forget(inp.finished_seq_ids)
         r = 0
         for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
-            if ctx == 0 and sid in self.history:  # recomputed after preemption: start over
-                self._forget([sid])
-            hist = self.history.setdefault(sid, [])
-            del hist[ctx:]
-            hist.extend(inp.input_ids[r : r + n])
+            self._commit(sid, ctx, inp.input_ids[r : r + n])
             self.pending_probs[sid] = None
             r += n
+
+    def _commit(self, sid: int, ctx: int, committed: list[int]) -> list[int]:
+        """Sequence ``sid``'s history cut to its ``ctx`` cached tokens (dropping rejected drafts and anything
+        past the cache) plus this step's ``committed`` inputs; returns the history list."""
+        if ctx == 0 and sid in self.history:  # recomputed after preemption: start over
+            self._forget([sid])
+        hist = self.history.setdefault(sid, [])
+        del hist[ctx:]
+        hist.extend(committed)
+        return hist
 
     @torch.inference_mode()
     def execute(self, inp: ModelInput) -> ModelOutput | None:
@@ -76,7 +82,7 @@ class SpecDecodeWorker:
             qsl = _cumsum(inp.query_lens)
             drafts = [inp.input_ids[qsl[s + 1] - inp.num_draft_tokens[s] : qsl[s + 1]] for s in emit_idx]
             probs = [self.pending_probs.get(inp.seq_ids[s]) for s in emit_idx]
-            meta = SamplingMetadata.build(inp.sampling_rows, runner.device, inp.num_logprobs)
+            meta = SamplingMetadata(inp.sampling_rows, runner.device, inp.num_logprobs)
             emitted = verify(logits, meta, num_drafts, drafts, probs) if emit_idx else []
             out = ModelOutput(token_ids=emitted)
             if inp.num_logprobs is not None:
@@ -103,12 +109,8 @@ class SpecDecodeWorker:
         row = 0  # first logits row of the next emitting sequence
         for s, sid in enumerate(inp.seq_ids):
             ctx, d = inp.context_lens[s], inp.num_draft_tokens[s]
-            if ctx == 0 and sid in self.history:  # recomputed after preemption: start over
-                self._forget([sid])
-            hist = self.history.setdefault(sid, [])
-            del hist[ctx:]  # drop tokens of rejected drafts / anything past the cached context
             committed_inputs = inp.input_ids[qsl[s] : qsl[s + 1] - d]
-            hist.extend(committed_inputs)
+            hist = self._commit(sid, ctx, committed_inputs)
             num_committed = len(committed_inputs)
             num_drafts = 0
             temperature, seed = 0.0, 0

@@ -61,7 +61,13 @@ def reference_layout(inp: ModelInput, q: int, bs: int) -> dict[str, list[int]]:
 
 @pytest.mark.parametrize(
     ("query_lens", "q", "logits_per_seq"),
-    [([1, 1, 1], 1, "last"), ([1], 1, "last"), ([3, 1, 4], 4, "all"), ([2, 2], 4, "last"), ([4] * 5, 4, "all")],
+    [
+        ([1, 1, 1], 1, "last"),
+        ([1], 1, "last"),
+        ([3, 1, 4], 4, "all"),
+        ([2, 2], 4, "last"),
+        ([4] * 5, 4, "all"),
+    ],
 )
 def test_staged_layout_matches_padded_reference(query_lens, q, logits_per_seq):
     batch_sizes = [1, 2, 4, 8]
@@ -92,10 +98,10 @@ def test_staged_layout_matches_padded_reference(query_lens, q, logits_per_seq):
 
 def test_greedy_sampling_builds_no_device_tensors():
     logits = torch.randn(4, 50)
-    greedy = SamplingMetadata.build([(0.0, 1.0, -1, 0, i) for i in range(4)], torch.device("cpu"))
+    greedy = SamplingMetadata([(0.0, 1.0, -1, 0, i) for i in range(4)], torch.device("cpu"))
     assert sample(logits, greedy).tolist() == logits.argmax(-1).tolist()
     assert not {"temperature", "top_p", "top_k"} & set(vars(greedy))  # nothing was materialized
-    mixed = SamplingMetadata.build(
+    mixed = SamplingMetadata(
         [(0.0, 1.0, -1, 0, 0), (0.7, 0.9, 5, 1, 0), (1.0, 1.0, -1, 2, 0), (0.0, 1.0, -1, 3, 0)],
         torch.device("cpu"),
     )

@@ -31,7 +31,7 @@ def test_verify_reproduces_target_distribution(probabilistic):
     p = torch.softmax(logits, -1)
     q = torch.softmax(torch.randn(V), -1)
     rows = [(1.0, 1.0, -1, 1000 + i, 0) for i in range(n) for _ in range(2)]
-    meta = SamplingMetadata.build(rows, torch.device("cpu"))
+    meta = SamplingMetadata(rows, torch.device("cpu"))
     gen = torch.Generator().manual_seed(1)
     drafts = torch.multinomial(q, n, replacement=True, generator=gen).tolist()
     all_logits = logits.repeat(2 * n, 1)
