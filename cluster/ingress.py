@@ -30,8 +30,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from ray import serve
+from ray.exceptions import RayError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive
 
 from cluster.errors import (
     OverloadedError,
@@ -134,6 +136,27 @@ def _carries_output(chunk: dict[str, Any]) -> bool:
         if text or c.get("finish_reason") or c.get("logprobs"):
             return True
     return False
+
+
+class _SSEResponse(StreamingResponse):
+    """An SSE stream that ends quietly when its client goes away.
+
+    When a client disconnects, Serve's proxy cancels the ingress's pending fetch of the request's ASGI
+    messages, and Serve's receive proxy hands that cancellation (``ray.exceptions.TaskCancelledError``) to
+    ``receive()`` instead of an ``http.disconnect`` message. Raised out of Starlette's disconnect listener it
+    failed the response, and the failed call was left to the garbage collector with nobody to read its
+    exception: asyncio logged "Future exception was never retrieved ... TaskCancelledError" (or "Task
+    exception ..."). Here it counts as the disconnect it is: the listener returns, Starlette cancels the
+    body iterator and ``_stream``'s ``finally`` cancels the engine request (which frees its KV blocks).
+    """
+
+    media_type = "text/event-stream"
+
+    async def listen_for_disconnect(self, receive: Receive) -> None:
+        try:
+            await super().listen_for_disconnect(receive)
+        except RayError as e:  # TaskCancelledError, or the proxy actor gone: the client is unreachable
+            log.debug("client channel closed (%s): treated as a disconnect", type(e).__name__)
 
 
 def _sse(obj: dict[str, Any]) -> str:
@@ -274,9 +297,7 @@ class OpenAIIngress:
                     gen.cancel()
                     raise _EngineUnavailable({"error": head[-1]["error"]})
                 if req.stream:
-                    return StreamingResponse(
-                        self._stream(gen, head, req.include_usage, tracker), media_type="text/event-stream"
-                    )
+                    return _SSEResponse(self._stream(gen, head, req.include_usage, tracker))
                 return await self._collect(gen, head, tracker)
             except _EngineUnavailable as e:
                 wait = max(1.0, float(retry_after))

@@ -8,6 +8,7 @@ engine's output token ids, never the number of chunks.
 
 from __future__ import annotations
 
+import codecs
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +19,7 @@ from cluster.protocol import ChatCompletionRequest, CompletionRequest, SamplingR
 from configs.sampling import SamplingParams
 from flexspec.engine.outputs import RequestOutput
 from flexspec.engine.sequence import TokenLogprob
+from flexspec.engine.token_bytes import TokenBytes
 from flexspec.errors import FlexspecError, InvalidRequestError, check_context_length
 
 
@@ -26,7 +28,7 @@ class OpenAIServing:
 
     Args:
         controller: the replica's engine loop.
-        tokenizer: the engine's tokenizer (chat template, prompt encoding, token strings for logprobs).
+        tokenizer: the engine's tokenizer (chat template, prompt encoding, token bytes for logprobs).
         model_name: the name echoed in responses.
         max_model_len: context limit used for default ``max_tokens`` and the 400 on overflow.
     """
@@ -36,6 +38,7 @@ class OpenAIServing:
     ) -> None:
         self.controller = controller
         self.tokenizer = tokenizer
+        self.token_bytes = TokenBytes(tokenizer)
         self.model_name = model_name
         self.max_model_len = max_model_len
 
@@ -74,9 +77,12 @@ class OpenAIServing:
         yield head | {"choices": [], "usage": self._usage(jobs)}
 
     def _chat_logprob(self, lp: TokenLogprob) -> dict[str, Any]:
+        """OpenAI's entry: ``bytes`` are the token's raw bytes (a part of a multi-byte character included),
+        ``token`` its text or ``bytes:\\xNN...`` when those bytes are not valid UTF-8 on their own."""
+
         def entry(tok: int, value: float) -> dict[str, Any]:
-            s = self._token_str(tok)
-            return {"token": s, "logprob": value, "bytes": list(s.encode("utf-8"))}
+            raw = self.token_bytes.bytes_of(tok)
+            return {"token": self.token_bytes.name(tok), "logprob": value, "bytes": list(raw)}
 
         return entry(lp.token_id, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top]}
 
@@ -90,6 +96,9 @@ class OpenAIServing:
         ]
         jobs = self._jobs(req, prompts, param="prompt")
         head = self._head(f"cmpl-{uuid.uuid4().hex}", "text_completion")
+        # text_offset: characters of the tokens' text completed before each token, so every part of a
+        # character split over tokens points at that character
+        texts = [codecs.getincrementaldecoder("utf-8")("replace") for _ in jobs]
         offsets = [0] * len(jobs)
         async for index, out in self._run(jobs):
             if not (out.new_text or out.finished or (req.logprobs is not None and out.new_logprobs)):
@@ -101,15 +110,15 @@ class OpenAIServing:
                 "finish_reason": out.finish_reason,
             }
             if req.logprobs is not None:
-                toks = [self._token_str(lp.token_id) for lp in out.new_logprobs]
+                name = self.token_bytes.name
                 text_offset = []
-                for t in toks:
+                for lp in out.new_logprobs:
                     text_offset.append(offsets[index])
-                    offsets[index] += len(t)
+                    offsets[index] += len(texts[index].decode(self.token_bytes.bytes_of(lp.token_id)))
                 choice["logprobs"] = {
-                    "tokens": toks,
+                    "tokens": [name(lp.token_id) for lp in out.new_logprobs],
                     "token_logprobs": [lp.logprob for lp in out.new_logprobs],
-                    "top_logprobs": [{self._token_str(t): v for t, v in lp.top} for lp in out.new_logprobs],
+                    "top_logprobs": [{name(t): v for t, v in lp.top} for lp in out.new_logprobs],
                     "text_offset": text_offset,
                 }
             yield head | {"choices": [choice]}
@@ -146,9 +155,6 @@ class OpenAIServing:
 
     def _head(self, id_: str, obj: str) -> dict[str, Any]:
         return {"id": id_, "object": obj, "created": int(time.time()), "model": self.model_name}
-
-    def _token_str(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
 
 
 def _user_input(param: str, render: Callable[[], list[int]]) -> list[int]:
