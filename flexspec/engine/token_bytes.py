@@ -30,20 +30,11 @@ PieceKind = Literal["byte_level", "sentencepiece", "decode"]
 
 @lru_cache(maxsize=1)
 def gpt2_byte_decoder() -> dict[str, int]:
-    """GPT-2's table from the printable unicode character that stands for a byte back to that byte."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    chars, n = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + n)
-            n += 1
-    return {c: b for b, c in chars.items()}
+    """GPT-2's table from the printable unicode character that stands for a byte back to that byte
+    (the inverse of transformers' ``bytes_to_unicode``)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def token_name(raw: bytes) -> str:
