@@ -48,6 +48,7 @@ def train_drafter(
     calibration_hidden_size: int | None = typer.Option(None, help=_h("calibration_hidden_size")),
     markov_rank: int | None = typer.Option(None, help=_h("markov_rank")),
     ttt_steps: int | None = typer.Option(None, help=_h("ttt_steps")),
+    init_from: str | None = typer.Option(None, help=_h("init_from")),
     steps: int | None = typer.Option(None, help=_h("steps") + " [default: 2000]"),
     batch_size: int | None = typer.Option(None, help=_h("batch_size") + " [default: 16]"),
     lr: float | None = typer.Option(None, help=_h("lr") + " [default: 6e-4]"),

@@ -95,6 +95,12 @@ class TrainConfig(BaseModel):
     ttt_steps: int = Field(7, ge=1, le=32, description="eagle3: training-time-test unroll depth.")
 
     # ---- (c) train -----------------------------------------------------------------------------------------
+    init_from: str | None = Field(
+        None,
+        description="Start from this drafter's weights instead of a fresh initialisation (built-in drafter id "
+        "or packaged folder; same method and shape; fresh optimizer and schedule), e.g. to continue the shipped "
+        "drafter on more data.",
+    )
     steps: int = Field(2000, gt=0, description="Optimizer steps in total (a resumed run continues to this).")
     batch_size: int = Field(16, gt=0, description="Sequences per step.")
     lr: float = Field(6e-4, gt=0.0, description="Peak learning rate (AdamW).")

@@ -80,7 +80,12 @@ def run_train(cfg: TrainConfig, method: TrainMethod, deadline: Deadline) -> bool
         raise TrainInputError(f"no training data in {root / 'data'}: run --stage generate first")
     target = FrozenTarget(cfg.target, cfg.device, max_len=cfg.max_seq_len + cfg.block_size + cfg.ttt_steps)
     dev = target.device
-    model = method.load(ckpt / "drafter", target) if ckpt is not None else method.build(target)
+    if ckpt is not None:
+        model = method.load(ckpt / "drafter", target)
+    elif cfg.init_from is not None:
+        model = _init_from(cfg.init_from, method, target)
+    else:
+        model = method.build(target)
     params = method.trainable_parameters(model)
     num_params = sum(p.numel() for p in params)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -139,6 +144,43 @@ def run_train(cfg: TrainConfig, method: TrainMethod, deadline: Deadline) -> bool
         )
         return False
     return True
+
+
+def _init_from(source: str, method: TrainMethod, target) -> torch.nn.Module:
+    """The drafter at ``source`` (built-in id or folder) as a starting point, checked against the shape this
+    run's settings build (a different method, layer count or block size would train something else).
+
+    Raises:
+        TrainInputError: unknown id / missing folder, or parameter names or shapes differ from this run's.
+    """
+    from flexspec.errors import FlexspecError
+    from flexspec.models.loader import resolve_model_dir
+
+    try:
+        folder = resolve_model_dir(source)
+    except FlexspecError as e:
+        raise TrainInputError(f"--init-from: {e.message}") from None
+    fresh = {n: tuple(t.shape) for n, t in method.build(target).state_dict().items()}
+    try:
+        model = method.load(folder, target)
+    except FlexspecError as e:
+        raise TrainInputError(
+            f"--init-from {source}: not a {method.name} drafter for this target: {e.message}"
+        ) from None
+    block_size = getattr(getattr(model, "config", None), "block_size", None)
+    if block_size is not None and block_size != method.cfg.block_size:
+        raise TrainInputError(
+            f"--init-from {source}: block size {block_size}, this run's --block-size is {method.cfg.block_size}"
+        )
+    got = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    if got != fresh:
+        diff = sorted(set(got.items()) ^ set(fresh.items()))[:4]
+        raise TrainInputError(
+            f"--init-from {source}: its parameters differ from the drafter this run builds "
+            f"(--method {method.name}, --block-size, --num-draft-layers, ... ); first differences: {diff}"
+        )
+    log.info("train: starting from the weights of %s (%s)", source, folder)
+    return model
 
 
 def _log_row(means: dict[str, Any], step: int, lr: float, tokens: int, seconds: float) -> dict[str, Any]:

@@ -132,3 +132,39 @@ def test_position_metrics_count_leading_correct_drafts() -> None:
     m = position_metrics(correct, valid)
     torch.testing.assert_close(m["acc_per_pos"], torch.tensor([2 / 3, 2 / 3, 1 / 2]))
     assert float(m["est_mal"]) == pytest.approx(1 + (2 + 1) / 2)  # complete blocks only: rows 0 and 1
+
+
+def test_init_from_starts_at_the_given_weights_and_refuses_other_shapes(
+    tiny_target: str, generated: Path, tmp_path: Path
+) -> None:
+    from flexspec.train.checkpoint import latest_checkpoint
+    from flexspec.train.config import TrainInputError
+    from flexspec.train.methods import get_method
+    from flexspec.train.target import FrozenTarget
+    from flexspec.train.trainer import run_train
+
+    first, second, wrong = tmp_path / "first", tmp_path / "second", tmp_path / "wrong"
+    for root in (first, second, wrong):
+        copy_data(generated, root)
+    cfg = _cfg("dflash", tiny_target, first)
+    assert run_train(cfg, get_method(cfg), Deadline(None))
+    source = latest_checkpoint(first) / "drafter"  # type: ignore[operator]
+
+    # Stopped before its first step, the continued run saves exactly the weights it started from.
+    cfg = _cfg("dflash", tiny_target, second, init_from=str(source))
+    assert not run_train(cfg, get_method(cfg), StopAfter(0))
+    a = load_file(str(source / "model.safetensors"))
+    b = load_file(str(latest_checkpoint(second) / "drafter" / "model.safetensors"))  # type: ignore[operator]
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+    fresh = _cfg("dflash", tiny_target, tmp_path / "fresh")
+    fresh_state = get_method(fresh).build(FrozenTarget(tiny_target, "cpu", max_len=64)).state_dict()
+    assert any(not torch.equal(fresh_state[k].float(), a[k].float()) for k in a)  # it did not start fresh
+
+    cfg = _cfg("dflash", tiny_target, wrong, init_from=str(source), num_draft_layers=2)
+    with pytest.raises(TrainInputError, match="init-from.*differ"):
+        run_train(cfg, get_method(cfg), Deadline(None))
+    cfg = _cfg("dflash", tiny_target, wrong, init_from=str(tmp_path / "missing"))
+    with pytest.raises(TrainInputError, match="init-from"):
+        run_train(cfg, get_method(cfg), Deadline(None))
