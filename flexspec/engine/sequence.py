@@ -55,6 +55,7 @@ class Sequence:
         # Speculative decoding: draft tokens proposed for the next step (not yet verified).
         self.draft_token_ids: list[int] = []
         self.spec_tokens_per_step: float | None = None  # this request's running MAL (speculation policy)
+        self.spec_estimate_weight = 1.0  # its weight against the policy's prior: decays while not verified
 
     def __len__(self) -> int:
         return len(self.token_ids)

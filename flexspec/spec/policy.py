@@ -8,9 +8,27 @@ rank ever decides on its own. Each step the policy picks how to draft for the ne
 * ``parallel``  — draft inside the verification forward (FlexDraft only: O(B^2) extra tokens per sequence).
 
 With ``execution: auto`` it maximises expected emitted tokens per second = E[tokens per step] / step time,
-where E[tokens per step] is the mean over the batch's requests of each request's running MAL (requests that
-have not been verified yet use 1 + sum_i per-position acceptance i of all requests), and step times are
-measured online per (mode, batch-size bucket):
+where E[tokens per step] is the mean over the batch's requests of each request's estimated MAL, and step times
+are measured online per (mode, batch-size bucket). A request's MAL estimate:
+
+* the prior G is the population's: the mean of accepted + 1 over the last ~``PRIOR_WINDOW`` verifications of
+  all requests (before any, 1 + sum_i of the per-position acceptance); a request not verified yet uses G;
+* its own running MAL r is an EMA (``EMA``) of accepted + 1 per verification that starts from G, so after n
+  verifications the prior still weighs (1 - EMA)^n (shrinkage: one unlucky first step does not send a request
+  to plain decoding);
+* the policy uses G + w (r - G), where w, the weight of the request's own evidence, is 1 after a verification
+  and shrinks by ``STALE_KEEP`` (half-life ``STALE_HALF_LIFE``) for every step the request emits without
+  verifying drafts (a plain step), since a request that is not drafted for gets no new evidence. A request put
+  on plain for a low r is so speculated on again after a few plain steps (r = 1, G = 2.8, break-even MAL 1.5:
+  after 4), and one whose drafts still fail returns to plain after that verification (r itself is kept).
+
+Why: a wrong ``plain`` costs MAL - 1 tokens per step (~1.8 on GSM8K), a wrong speculative step only its extra
+time (~0.2-0.5 of a plain step), and a request's acceptance has little memory: with the shipped DFlash drafter
+on GSM8K (8 requests, 571 verifications) accepted lengths 4-16 tokens apart correlate ~0.1, from 32 on ~0.
+Without the decay a request stuck on plain was re-tested only by the runner-up probe (below), and at batch 1
+``auto`` trailed always-``decoupled`` (issue 6).
+
+Step times:
 
 * warm-up: each option is measured ``WARMUP_SAMPLES`` times, at whatever batch size comes first;
 * a bucket not measured yet for a mode borrows the nearest measured bucket's time, scaled by how plain
@@ -19,7 +37,7 @@ measured online per (mode, batch-size bucket):
   simply used, which measures it);
 * the runner-up is re-measured (``PROBE_STEPS`` consecutive steps) every ``REEXPLORE_EVERY`` decisions of a
   bucket if its estimate is within ``PROBE_WITHIN`` of the best, so an estimate made under unlucky conditions
-  (or stale acceptance statistics: requests that never draft never update them) does not lock a mode out.
+  (or a batch of requests whose estimates are low) does not lock a mode out.
 
 A step's wall time covers verifying the drafts decided one step earlier plus drafting for the decision made
 now, so only steps whose decision equals the previous one are recorded (steady state of one mode); a mode
@@ -42,7 +60,10 @@ REEXPLORE_EVERY = 64  # decisions per bucket between re-measurements of the runn
 PROBE_STEPS = 2  # consecutive steps of a re-measurement (the first is a switch step, not recorded)
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
-EMA = 0.2
+EMA = 0.2  # weight of the newest sample in step-time, acceptance and per-request MAL moving averages
+PRIOR_WINDOW = 256  # verifications (all requests) behind the prior MAL: ~3 GSM8K requests at batch 1
+STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a request's own MAL estimate
+STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
 
 
 def batch_bucket(num_seqs: int) -> int:
@@ -83,6 +104,8 @@ class SpeculationPolicy:
     acceptance: list[float] = field(default_factory=list)  # per-position acceptance (EMA over steps)
     last_modes: list[str] = field(default_factory=list)  # the last two decisions (steady-state attribution)
     probe: tuple[str, int] | None = None  # (mode, decisions left) of a running re-measurement
+    prior_tokens_per_step: float | None = None  # G: mean accepted + 1 over ~PRIOR_WINDOW verifications
+    num_verifications: int = 0  # of all requests, for the prior's running mean
 
     def __post_init__(self) -> None:
         spec = self.config.speculative_config
@@ -137,11 +160,26 @@ class SpeculationPolicy:
             return 1.0
         return 1.0 + sum(self.acceptance[: self.spec.num_speculative_tokens])
 
+    def prior(self) -> float:
+        """G: the population's MAL, for requests with no (or stale) evidence of their own (see the module doc)."""
+        g = self.prior_tokens_per_step
+        return self.expected_tokens_per_step("decoupled") if g is None else g
+
+    def request_tokens_per_step(self, seq) -> float:
+        """A request's estimated MAL: G + w (r - G) (see the module doc)."""
+        g = self.prior()
+        r = seq.spec_tokens_per_step
+        return g if r is None else g + seq.spec_estimate_weight * (r - g)
+
     def _batch_tokens_per_step(self, sched: SchedulerOutput) -> float:
-        """Mean over the batch of each request's running MAL (the global estimate for requests without one)."""
-        fallback = self.expected_tokens_per_step("decoupled")
-        per_seq = [getattr(getattr(s, "seq", None), "spec_tokens_per_step", None) for s in sched.scheduled]
-        return sum(fallback if t is None else t for t in per_seq) / max(len(per_seq), 1)
+        """Mean over the batch of each request's estimated MAL (``request_tokens_per_step``, inlined: per step)."""
+        g = self.prior()
+        total = 0.0
+        for s in sched.scheduled:
+            seq = getattr(s, "seq", None)
+            r = getattr(seq, "spec_tokens_per_step", None)
+            total += g if r is None else g + seq.spec_estimate_weight * (r - g)
+        return total / max(len(sched.scheduled), 1)
 
     def samples(self, mode: str) -> int:
         return sum(st.n for (m, _), st in self.step_times.items() if m == mode)
@@ -201,11 +239,19 @@ class SpeculationPolicy:
                 self.acceptance += [0.0] * (n - len(self.acceptance))
                 self.acceptance = [(1 - EMA) * a + EMA * b for a, b in zip(self.acceptance, step)]
 
-    @staticmethod
-    def observe_request(seq, num_draft_tokens: int, num_accepted: int) -> None:
-        """Update one request's running MAL after a verification of ``num_draft_tokens`` drafts."""
+    def observe_request(self, seq, num_draft_tokens: int, num_accepted: int) -> None:
+        """Update one request's MAL estimate after a step that emitted tokens for it, having verified
+        ``num_draft_tokens`` drafts (0: a plain step, whose only effect is to age the request's own evidence),
+        and the prior G after a verification. Called once per emitting step and request, by the engine only
+        (the decision is made there and broadcast to every rank)."""
         if num_draft_tokens == 0:
+            seq.spec_estimate_weight *= STALE_KEEP
             return
         tokens = num_accepted + 1.0
+        self.num_verifications += 1
+        g = self.prior_tokens_per_step
+        g = tokens if g is None else g + (tokens - g) / min(self.num_verifications, PRIOR_WINDOW)
+        self.prior_tokens_per_step = g
         prev = seq.spec_tokens_per_step
-        seq.spec_tokens_per_step = tokens if prev is None else (1 - EMA) * prev + EMA * tokens
+        seq.spec_tokens_per_step = (1 - EMA) * (g if prev is None else prev) + EMA * tokens
+        seq.spec_estimate_weight = 1.0

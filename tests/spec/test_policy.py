@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from configs import EngineConfig
 from flexspec.engine.scheduler import SchedulerOutput
-from flexspec.spec.policy import WARMUP_SAMPLES, SpeculationPolicy
+from flexspec.spec.policy import (
+    EMA,
+    PROBE_STEPS,
+    REEXPLORE_EVERY,
+    STALE_HALF_LIFE,
+    STALE_KEEP,
+    WARMUP_SAMPLES,
+    Decision,
+    SpeculationPolicy,
+)
 
 
 def _sched(n: int) -> SchedulerOutput:
@@ -131,3 +142,97 @@ def test_a_pessimistic_estimate_is_probed_again():
     assert modes[first + 1] == "decoupled"  # a probe is two steps: the first is a switch step
     assert modes[-100:].count("decoupled") > 90
     assert "parallel" not in modes  # 50x slower: never probed
+
+
+# ---- per-request estimates: shrinkage toward the prior and ageing while plain (issue 6, batch 1) -------------
+def _request():
+    from types import SimpleNamespace
+
+    seq = SimpleNamespace(spec_tokens_per_step=None, spec_estimate_weight=1.0)
+    return seq, SchedulerOutput(scheduled=[SimpleNamespace(seq=seq)], preempted=[])  # type: ignore[list-item]
+
+
+def _plain_steps_to_break_even(prior: float, own: float, break_even: float) -> int:
+    """Plain steps after which G + w (r - G) reaches ``break_even`` (w = STALE_KEEP ** steps)."""
+    return math.ceil(math.log((prior - break_even) / (prior - own)) / math.log(STALE_KEEP))
+
+
+def test_a_request_on_plain_is_speculated_on_again_and_returns_to_plain_while_its_drafts_fail():
+    pol = _policy(execution="auto")
+    times = {"plain": 1.0, "decoupled": 1.5, "parallel": 9.0}  # break-even MAL of decoupled: 1.5
+    _train(pol, 1, times, [0.9, 0.8, 0.7, 0.6])
+    other, _ = _request()
+    for _ in range(100):  # the population: 3 tokens per verification
+        pol.observe_request(other, 4, 2)
+    seq, batch = _request()
+    for _ in range(20):  # this request's drafts were rejected 20 times in a row
+        pol.observe_request(seq, 4, 0)
+    prior, own = pol.prior(), seq.spec_tokens_per_step
+    assert prior > 2.5 and own < 1.1
+    n = _plain_steps_to_break_even(prior, own, 1.5)
+    assert 1 < n <= STALE_HALF_LIFE  # r ~ 1, G ~ 2.7: the own estimate must lose ~1/3 of its weight
+    modes = []
+    for _ in range(n + 1):
+        modes.append(pol.decide(batch).mode)
+        if modes[-1] == "plain":
+            pol.observe_request(seq, 0, 0)  # the next step emits without verifying drafts
+    assert modes == ["plain"] * n + ["decoupled"]
+    pol.observe_request(seq, 4, 0)  # speculated on again: the drafts still fail
+    assert seq.spec_estimate_weight == 1.0 and pol.decide(batch).mode == "plain"  # back to plain at once
+    modes = []
+    for _ in range(200):  # from then on: one verification per ~n plain steps (plus the runner-up probes)
+        modes.append(pol.decide(batch).mode)
+        pol.observe_request(seq, 4 if modes[-1] == "decoupled" else 0, 0)
+    seen = "".join(m[0] for m in modes)
+    assert max(len(r) for r in seen.split("d") if r) <= STALE_HALF_LIFE  # G drops with each failure: n grows
+    assert seen.count("dd") <= 200 // REEXPLORE_EVERY + 1  # a failed verification is followed by plain steps
+    assert seen.count("d") <= 200 / n + 2 * 200 / REEXPLORE_EVERY
+
+
+def test_one_unlucky_first_verification_does_not_send_a_request_to_plain():
+    """A request's running MAL starts from the prior: one rejection moves it EMA of the way, not all the way."""
+    pol = _policy(execution="auto")
+    _train(pol, 1, {"plain": 1.0, "decoupled": 1.5, "parallel": 9.0}, [0.9, 0.8, 0.7, 0.6])
+    other, _ = _request()
+    for _ in range(50):
+        pol.observe_request(other, 4, 2)
+    seq, batch = _request()
+    pol.observe_request(seq, 4, 0)
+    assert seq.spec_tokens_per_step == pytest.approx((1 - EMA) * pol.prior() + EMA * 1.0)  # G ~ 3
+    assert pol.decide(batch).mode == "decoupled"
+
+
+def test_batch1_gsm8k_auto_returns_to_speculation_after_plain_steps():
+    """Real engine and shipped DFlash drafter on a GSM8K prompt at batch 1. Step times come from a fixed cost
+    model (decoupled = 1.5 plain steps), so the decisions depend on acceptance only, not on CPU timing.
+    Before the estimate aged while plain, a request stayed on plain until the runner-up probe (64 decisions)."""
+    from configs import SamplingParams
+    from flexspec.datasets import load_prompts
+    from tests.spec.conftest import spec_engine
+
+    eng = spec_engine({"method": "dflash", "model": "smollm2-135m-instruct-dflash", "execution": "auto"},
+                      max_num_seqs=1)  # fmt: skip
+    pol = eng.policy
+    cost = {"plain": 1.0, "decoupled": 1.5}
+    observe, observe_request, decide = pol.observe, pol.observe_request, pol.decide
+    modes: list[str] = []
+    calls = []
+
+    def counted_observe_request(seq, num_draft_tokens, num_accepted):
+        calls.append(seq.seq_id)
+        observe_request(seq, num_draft_tokens, num_accepted)
+
+    pol.observe = lambda mode, n, seconds, acc: observe(mode, n, cost[mode], acc)
+    pol.observe_request = counted_observe_request
+    pol.decide = lambda sched: modes.append(decide(sched).mode) or Decision(modes[-1], 0 if modes[-1] == "plain" else
+                                                                             pol.spec.num_speculative_tokens)  # fmt: skip
+    prompt = load_prompts("gsm8k", limit=1)[0]["prompt"]
+    eng.generate([eng.apply_chat_template([{"role": "user", "content": prompt}])],
+                 SamplingParams(max_tokens=128, temperature=0))  # fmt: skip
+    assert len(calls) == eng.stats.num_steps  # one update per emitting step (the prompt fits one step)
+    assert pol.prior() > 2.0  # the drafter works: a wrong plain step loses > 1 token
+    after_warmup = "".join(m[0] for m in modes[2 * (WARMUP_SAMPLES + 1) :])
+    assert "pd" in after_warmup  # speculated on again after plain steps...
+    runs = [len(r) for r in after_warmup.split("d") if r]
+    assert max(runs, default=0) <= STALE_HALF_LIFE + PROBE_STEPS  # ...within the decay's horizon
+    assert after_warmup.count("d") > 0.8 * len(after_warmup)
