@@ -12,6 +12,7 @@ cluster's nodes, or was not ready in time.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -25,6 +26,7 @@ from pydantic import ValidationError
 
 from cluster.readiness import BUILDER, app_demands, cluster_nodes, pending_report, summarize, unplaceable
 from configs.serve import ServeArgs
+from configs.speculative import parse_speculative_config
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +54,52 @@ def default_config_path() -> Path:
     return Path(configs.__file__).parent / "serve.yaml"
 
 
-def load_serve_config(path: Path, host: str | None = None, port: int | None = None) -> Any:
+def parse_speculative_override(text: str) -> dict[str, Any] | None:
+    """The value of ``flexspec serve --speculative-config``: a JSON object with vLLM's field names (the format
+    ``flexspec generate --speculative-config`` takes), or ``null`` for plain decoding.
+
+    Returns:
+        the object as given (validated as ``configs.speculative.SpeculativeConfig``), or None for ``null``.
+
+    Raises:
+        ServeConfigError: not JSON, not an object, or an invalid field, named
+            (``--speculative-config.ngram.num_speculative_tokens: Input should be greater than or equal to 1``).
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ServeConfigError(f"--speculative-config is not valid JSON: {e}") from e
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ServeConfigError(
+            f"--speculative-config: expected a JSON object or null, got {type(value).__name__}"
+        )
+    try:
+        parse_speculative_config(value)
+    except ValidationError as e:
+        raise ServeConfigError(validation_message(e, prefix="--speculative-config")) from e
+    return value
+
+
+def load_serve_config(
+    path: Path, host: str | None = None, port: int | None = None, speculative_config: str | None = None
+) -> Any:
     """Parse and validate a Serve config file; returns Ray's ``ServeDeploySchema``.
+
+    Args:
+        path: the Serve config file.
+        host, port: override ``http_options`` when given.
+        speculative_config: JSON of ``--speculative-config`` (:func:`parse_speculative_override`); when given it
+            replaces the speculative config (top-level ``speculative_config`` and ``engine.speculative_config``)
+            of every ``cluster.app:build_app`` application; ``"null"`` turns speculation off.
 
     Raises:
         ServeConfigError: unreadable file, invalid YAML (line and column), a wrong shape, an invalid field
-            (named, e.g. ``applications.0.args.engine.max_model_len``) or a port outside 1-65535.
+            (named, e.g. ``applications.0.args.engine.max_model_len``), an invalid ``--speculative-config`` or a
+            port outside 1-65535.
     """
+    override = parse_speculative_override(speculative_config) if speculative_config is not None else None
     from ray.serve.schema import ServeDeploySchema
 
     try:
@@ -78,6 +119,8 @@ def load_serve_config(path: Path, host: str | None = None, port: int | None = No
         if not isinstance(app, dict):
             raise ServeConfigError(f"applications.{i}: expected a mapping, got {type(app).__name__}")
         if app.get("import_path") == BUILDER:
+            if speculative_config is not None:
+                app["args"] = _with_speculative_config(app.get("args"), override, i)
             try:
                 ServeArgs.model_validate(app.get("args") or {})
             except ValidationError as e:
@@ -96,6 +139,21 @@ def load_serve_config(path: Path, host: str | None = None, port: int | None = No
     return config
 
 
+def _with_speculative_config(args: Any, spec: dict[str, Any] | None, index: int) -> dict[str, Any]:
+    """``args`` of application ``index`` with its speculative config replaced by ``spec`` (None: none)."""
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ServeConfigError(f"applications.{index}.args: expected a mapping, got {type(args).__name__}")
+    args = {k: v for k, v in args.items() if k != "speculative_config"}
+    engine = args.get("engine")
+    if isinstance(engine, dict):  # anything else fails validation below, named
+        args["engine"] = {k: v for k, v in engine.items() if k != "speculative_config"}
+    if spec is not None:
+        args["speculative_config"] = spec
+    return args
+
+
 def _yaml_message(e: yaml.YAMLError) -> str:
     mark = getattr(e, "problem_mark", None)
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
@@ -103,9 +161,10 @@ def _yaml_message(e: yaml.YAMLError) -> str:
     return f"invalid YAML{where}: {problem}"
 
 
-def local_model_problems(config: Any) -> list[str]:
+def local_model_problems(config: Any, speculative_field: str | None = None) -> list[str]:
     """Models of ``build_app`` applications that are neither built in nor an existing path on this machine, one
-    line each naming the field (``applications.0.args.model: unknown model 'x': ...``).
+    line each naming the field (``applications.0.args.model: unknown model 'x': ...``). ``speculative_field``
+    names the drafter's field instead (e.g. ``--speculative-config``) when the command line set it.
 
     Only meaningful where the replicas run on this machine (the local cluster of ``flexspec serve``); on a remote
     cluster a path may exist only there.
@@ -123,9 +182,8 @@ def local_model_problems(config: Any) -> list[str]:
         spec = args.engine.speculative_config
         if spec is not None and getattr(spec, "model", None):
             where = f"applications.{i}.args" + ("" if "speculative_config" in given else ".engine")
-            checks.append(
-                (f"{where}.speculative_config.model", spec.model, BUILTIN_DRAFTERS | BUILTIN_MODELS)
-            )
+            field = f"{speculative_field or where + '.speculative_config'}.model"
+            checks.append((field, spec.model, BUILTIN_DRAFTERS | BUILTIN_MODELS))
         for field, model, known in checks:
             if model not in known and not Path(model).expanduser().exists():
                 problems.append(
@@ -143,6 +201,7 @@ def serve_forever(
     port: int | None = None,
     ready_timeout_s: float = 1800.0,
     grace_s: float = 15.0,
+    speculative_config: str | None = None,
 ) -> int:
     """Deploy ``path`` and block until SIGTERM/SIGINT; then shut Serve and Ray down. Returns an exit code (module
     docstring).
@@ -151,13 +210,14 @@ def serve_forever(
     ``ray_current_cluster`` left by ``ray stop``); ``address="auto"`` attaches to a running one. A replica that no
     node of a local cluster can hold fails at once, naming what is missing; on an attached cluster (which an
     autoscaler may grow) it is reported after ``grace_s`` and waited for up to ``ready_timeout_s``.
+    ``speculative_config`` (JSON) replaces the file's speculative config, as in :func:`load_serve_config`.
     """
     import ray
     from ray import serve
     from ray.serve._private import api as serve_api
     from ray.serve.config import gRPCOptions
 
-    config = load_serve_config(path, host, port)
+    config = load_serve_config(path, host, port, speculative_config)
     stop = threading.Event()
     received: list[int] = []
 

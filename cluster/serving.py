@@ -12,15 +12,18 @@ import codecs
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from cluster.controller import EngineController
 from cluster.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from configs.sampling import SamplingParams
 from flexspec.engine.outputs import RequestOutput
+from flexspec.engine.prompt_bound import prompt_length_bound
 from flexspec.engine.sequence import TokenLogprob
 from flexspec.engine.token_bytes import TokenBytes
-from flexspec.errors import FlexspecError, InvalidRequestError, check_context_length
+from flexspec.errors import FlexspecError, InvalidRequestError, check_context_length, check_prompt_min_tokens
+
+_T = TypeVar("_T")
 
 
 class OpenAIServing:
@@ -31,6 +34,9 @@ class OpenAIServing:
         tokenizer: the engine's tokenizer (chat template, prompt encoding, token bytes for logprobs).
         model_name: the name echoed in responses.
         max_model_len: context limit used for default ``max_tokens`` and the 400 on overflow.
+
+    A prompt text too long to fit whatever its tokens (``flexspec.engine.prompt_bound``) gets that 400 before it
+    is tokenized.
     """
 
     def __init__(
@@ -41,14 +47,18 @@ class OpenAIServing:
         self.token_bytes = TokenBytes(tokenizer)
         self.model_name = model_name
         self.max_model_len = max_model_len
+        self.length_bound = prompt_length_bound(tokenizer)  # None: no early length check
 
     # ---- chat -----------------------------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest) -> AsyncIterator[dict[str, Any]]:
         req.check_supported()
         engine = self.controller.engine
-        prompt = _user_input(
-            "messages", lambda: engine.apply_chat_template([m.as_template_dict() for m in req.messages])
+        text = _user_input(
+            "messages", lambda: engine.render_chat_template([m.as_template_dict() for m in req.messages])
         )
+        # the text the tokenizer gets, so the bound holds for the template's own tokens too
+        self._check_text_length(text, "messages")
+        prompt = _user_input("messages", lambda: engine.encode(text, add_special_tokens=False))
         jobs = self._jobs(req, [prompt], param="messages")
         head = self._head(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion.chunk")
         for i in range(len(jobs)):  # role first, as OpenAI does
@@ -90,9 +100,13 @@ class OpenAIServing:
     async def completion(self, req: CompletionRequest) -> AsyncIterator[dict[str, Any]]:
         req.check_supported()
         engine = self.controller.engine
+        texts_or_ids = req.prompts()
+        for p in texts_or_ids:  # every text before any is tokenized
+            if isinstance(p, str):
+                self._check_text_length(p, "prompt")
         prompts = [
             _user_input("prompt", lambda p=p: engine.encode(p)) if isinstance(p, str) else list(p)
-            for p in req.prompts()
+            for p in texts_or_ids
         ]
         jobs = self._jobs(req, prompts, param="prompt")
         head = self._head(f"cmpl-{uuid.uuid4().hex}", "text_completion")
@@ -125,6 +139,12 @@ class OpenAIServing:
         yield head | {"choices": [], "usage": self._usage(jobs)}
 
     # ---- shared ---------------------------------------------------------------------------------------------
+    def _check_text_length(self, text: str, param: str) -> None:
+        """The 400 for a text too long to fit whatever its tokens, before the tokenizer spends seconds on it."""
+        if self.length_bound is not None:
+            min_tokens = self.length_bound.min_num_tokens(text)
+            check_prompt_min_tokens(min_tokens, len(text), self.max_model_len, prompt_param=param)
+
     def _jobs(self, req: SamplingRequest, prompts: list[list[int]], param: str) -> list[_Job]:
         """One engine request per (prompt, choice); index = prompt * n + choice, as OpenAI numbers them."""
         jobs = []
@@ -157,7 +177,7 @@ class OpenAIServing:
         return {"id": id_, "object": obj, "created": int(time.time()), "model": self.model_name}
 
 
-def _user_input(param: str, render: Callable[[], list[int]]) -> list[int]:
+def _user_input(param: str, render: Callable[[], _T]) -> _T:
     """Run the chat template / tokenizer on user text; what they reject (a template's own error, text that
     is not valid Unicode such as a lone surrogate) is a 400 naming ``param``, not a 500."""
     try:

@@ -138,9 +138,16 @@ def serve(
     ready_timeout: float = typer.Option(
         1800.0, min=1, help="Seconds to wait for the apps to run before giving up (exit code 1)."
     ),
+    speculative_config: str | None = typer.Option(
+        None,
+        "--speculative-config",
+        help='JSON, vLLM field names, as for generate, e.g. \'{"method": "ngram", ...}\'; replaces the config '
+        "file's speculative config; 'null' = plain decoding.",
+    ),
 ) -> None:
     """Serve the OpenAI API on Ray Serve from a config file; blocks until SIGTERM / Ctrl-C (exit code 128 +
-    signal: 143 / 130). Exit code 2: invalid config; 1: the deployment failed or cannot be placed."""
+    signal: 143 / 130). Exit code 2: invalid config or --speculative-config (checked before Ray starts); 1: the
+    deployment failed or cannot be placed."""
     import os
     from pathlib import Path
 
@@ -150,25 +157,38 @@ def serve(
             default_config_path,
             load_serve_config,
             local_model_problems,
+            parse_speculative_override,
             serve_forever,
         )
     except ImportError as e:
         _fail(f"serving needs the [serve] extra (pip install -e '.[serve]'): {e}")
+    if speculative_config is not None:
+        try:
+            parse_speculative_override(speculative_config)
+        except ServeConfigError as e:
+            _fail(str(e))
     path = Path(config) if config else default_config_path()
     if not path.is_file():
         _fail(f"config file {path} not found")
     try:
-        parsed = load_serve_config(path, host, port)
+        parsed = load_serve_config(path, host, port, speculative_config)
     except ServeConfigError as e:
         _fail(f"{path}: {e}")
     if address is None:  # replicas run on this machine: their models must be here
-        problems = local_model_problems(parsed)
-        if problems:
-            _fail(f"{path}: {'; '.join(problems)}")
+        spec_field = "--speculative-config" if speculative_config is not None else None
+        problems = local_model_problems(parsed, speculative_field=spec_field)
+        if problems:  # the file's fields are named after the file, the option's after itself
+            _fail("; ".join(p if p.startswith("--") else f"{path}: {p}" for p in problems))
     if api_key:
         os.environ["FLEXSPEC_API_KEY"] = api_key  # inherited by the local Ray cluster's workers
     code = serve_forever(
-        path, address=address, num_cpus=num_cpus, host=host, port=port, ready_timeout_s=ready_timeout
+        path,
+        address=address,
+        num_cpus=num_cpus,
+        host=host,
+        port=port,
+        ready_timeout_s=ready_timeout,
+        speculative_config=speculative_config,
     )
     raise typer.Exit(code)
 

@@ -56,6 +56,25 @@ def check_context_length(
         )
 
 
+def check_prompt_min_tokens(
+    min_num_tokens: int, num_chars: int, max_model_len: int, prompt_param: str = "prompt"
+) -> None:
+    """Reject, before tokenizing, a prompt text of ``num_chars`` characters that has at least ``min_num_tokens``
+    tokens (a sound lower bound: ``flexspec.engine.prompt_bound``) when that alone fills ``max_model_len``: the
+    error :func:`check_context_length` gives a prompt that leaves no room for output, so no prompt that would
+    fit is ever rejected here.
+
+    Raises:
+        ContextLengthExceededError: ``param`` = ``prompt_param``.
+    """
+    if min_num_tokens >= max_model_len:
+        raise ContextLengthExceededError(
+            f"This model's maximum context length is {max_model_len} tokens; the prompt has at least "
+            f"{min_num_tokens} tokens ({num_chars} characters), which leaves no room for output.",
+            param=prompt_param,
+        )
+
+
 class ConfigError(FlexspecError, ValueError):
     """An engine setting that this machine or model cannot satisfy, found while building the engine (e.g.
     ``device='cuda'`` without a GPU, ``max_model_len`` past the model's limit); ``param`` names the field."""

@@ -92,15 +92,24 @@ class LLMEngine:
     # ---- requests -----------------------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
         """Render OpenAI-style messages with the model's chat template; returns prompt token ids."""
+        return self.encode(self.render_chat_template(messages), add_special_tokens=False)
+
+    def render_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt text of OpenAI-style messages (chat template, generation prompt added), untokenized; its
+        token ids are ``encode(text, add_special_tokens=False)``.
+
+        Raises:
+            InvalidRequestError: no messages, or the model has no chat template.
+        """
         if not messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
         if not getattr(self.tokenizer, "chat_template", None):
             raise InvalidRequestError(f"model {self.config.model!r} has no chat template", param="messages")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def encode(self, prompt: str) -> list[int]:
-        return self.tokenizer.encode(prompt)
+    def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``prompt`` (with the tokenizer's BOS etc. unless ``add_special_tokens`` is False)."""
+        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
 
     def add_request(
         self,

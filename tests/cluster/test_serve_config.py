@@ -108,3 +108,47 @@ def test_bad_config_file_fails_at_load(tmp_path):
     result = CliRunner().invoke(app, ["serve", "--config", str(bad)])
     assert result.exit_code == 2
     assert "max_num_seqs" in result.output
+
+
+def test_speculative_config_option_replaces_the_files(tmp_path):
+    """``flexspec serve --speculative-config JSON`` replaces the file's speculative config (top level and under
+    ``engine``) in every build_app application; ``null`` serves without speculation."""
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}'
+    args = ServeArgs.model_validate(
+        load_serve_config(CONFIGS / "serve.yaml", speculative_config=spec).applications[0].args
+    )
+    assert args.engine.speculative_config.method == "ngram"
+    assert args.engine.speculative_config.num_speculative_tokens == 3
+    assert args.engine.speculative_config.prompt_lookup_max == 2
+    assert args.engine.max_model_len == 2048  # the rest of the file stays
+
+    nested = tmp_path / "nested.yaml"  # the drafter under engine: replaced too (no clash with the top level)
+    nested.write_text(
+        "applications:\n  - name: x\n    import_path: cluster.app:build_app\n    args:\n      engine:\n"
+        "        device: cpu\n        speculative_config: {method: ngram, num_speculative_tokens: 7}\n"
+    )
+    loaded = load_serve_config(nested, speculative_config='{"method": "mtp"}').applications[0].args
+    assert ServeArgs.model_validate(loaded).engine.speculative_config.method == "mtp"
+    plain = load_serve_config(nested, speculative_config="null").applications[0].args
+    assert ServeArgs.model_validate(plain).engine.speculative_config is None
+    assert _args(nested).engine.speculative_config.num_speculative_tokens == 7  # no option: the file's
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("{method: ngram", "--speculative-config is not valid JSON"),
+        ("[1, 2]", "--speculative-config: expected a JSON object or null, got list"),
+        (
+            '{"method": "ngram", "num_speculative_tokens": 0}',
+            "--speculative-config.ngram.num_speculative_tokens",
+        ),
+        ('{"method": "medusa"}', "--speculative-config: Input tag 'medusa'"),
+    ],
+)
+def test_invalid_speculative_config_option_fails_at_load(spec, message):
+    from cluster.launcher import ServeConfigError
+
+    with pytest.raises(ServeConfigError) as e:
+        load_serve_config(CONFIGS / "serve.yaml", speculative_config=spec)
+    assert message in str(e.value)

@@ -1,6 +1,7 @@
 """Invalid ``--speculative-config`` per method (issue 9, item 1): a config-load error naming the field, through
 every door: ``ServeArgs`` (``serve deploy`` / ``build_app``), a Serve config file given to ``flexspec serve``
-(exit code 2 before Ray starts) and ``flexspec generate --speculative-config``."""
+(exit code 2 before Ray starts), ``flexspec serve --speculative-config`` and ``flexspec generate
+--speculative-config``."""
 
 from __future__ import annotations
 
@@ -78,3 +79,42 @@ def test_flexspec_generate_rejects_the_speculative_config(method, spec, field):
 def test_not_json_is_rejected_too():
     result = CliRunner().invoke(app, ["generate", "hi", "--speculative-config", "{method: ngram"])
     assert result.exit_code == 2 and "not valid JSON" in result.output
+
+
+@pytest.mark.parametrize(("method", "spec", "field"), CASES, ids=IDS)
+def test_flexspec_serve_rejects_the_speculative_config_option(monkeypatch, method, spec, field):
+    import cluster.launcher
+
+    def must_not_start(*args, **kwargs):
+        raise AssertionError("an invalid --speculative-config must fail before Ray starts")
+
+    monkeypatch.setattr(cluster.launcher, "serve_forever", must_not_start)
+    result = CliRunner().invoke(app, ["serve", "--speculative-config", json.dumps(spec)])
+    assert result.exit_code == 2, result.output
+    # a field of its own is named after the option; a clash with the file's settings (the drafter's TP vs the
+    # target's) after the file's field, with the value from the option
+    assert result.output.startswith("error: --speculative-config") or (
+        f"speculative_config.{field}" in result.output
+    ), result.output
+    assert field in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("{method: ngram", "error: --speculative-config is not valid JSON"),
+        ('"ngram"', "error: --speculative-config: expected a JSON object or null, got str"),
+        (
+            '{"method": "flexdraft", "model": "no-such-drafter"}',
+            "error: --speculative-config.model: unknown model 'no-such-drafter'",
+        ),
+    ],
+    ids=["not-json", "not-object", "unknown-drafter"],
+)
+def test_flexspec_serve_speculative_config_option_not_json_or_unknown_drafter(monkeypatch, spec, message):
+    import cluster.launcher
+
+    monkeypatch.setattr(cluster.launcher, "serve_forever", lambda *a, **k: pytest.fail("Ray started"))
+    result = CliRunner().invoke(app, ["serve", "--speculative-config", spec])
+    assert result.exit_code == 2 and result.output.startswith(message), result.output
