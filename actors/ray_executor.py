@@ -145,6 +145,7 @@ class RayExecutor:
         self.num_kv_blocks: int = blocks[0]
         self.model_dir: str = infos[0]["model_dir"]
         self.spec = infos[0]["spec"]
+        self.device_type: str = str(infos[0]["device"]).split(":")[0]  # "cuda" | "cpu"
         log.info(
             "started %d TP ranks (%s, %s) in %.1fs: %d KV blocks",
             tp,

@@ -263,6 +263,12 @@ def run_engine_system(
                     for m, c in policy.mode_counts.items()
                     if c > modes_before.get(m, 0)
                 }
+                # the step times it decided with at the end of this point ("mode@bucket" -> ms), and the
+                # engine's warm-up profile they started from
+                point["policy_step_ms"] = {
+                    f"{m}@{b}": round(st.seconds * 1e3, 4) for (m, b), st in sorted(policy.step_times.items())
+                }
+                point["speculation_profile_ms"] = getattr(engine, "speculation_profile", {})
             if cfg is None:
                 plain_tokens[(dataset, b)] = res.token_ids
             elif (dataset, b) in plain_tokens and args.temperature == 0:

@@ -54,6 +54,14 @@ class EngineConfig(BaseModel):
     speculative_config: SpeculativeConfig | None = Field(
         None, description="Speculative decoding (vLLM --speculative-config fields); None = plain decoding."
     )
+    speculation_profile_steps: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="Warm-up profile of the per-batch execution policy (execution 'auto'): decode steps timed "
+        "per execution mode and batch-size bucket at engine start, on dummy requests; 0 = none (the policy "
+        "measures online only). None = 8 on GPU, 0 on CPU.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:

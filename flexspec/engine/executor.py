@@ -14,6 +14,7 @@ from flexspec.engine.model_input import ModelInput, ModelOutput
 class Executor(Protocol):
     num_kv_blocks: int
     model_dir: str
+    device_type: str  # of the ranks' devices: "cuda" (also ROCm) | "cpu"
 
     def execute(self, inp: ModelInput) -> ModelOutput: ...
 
@@ -30,6 +31,7 @@ class LocalExecutor:
         self.num_kv_blocks = self.runner.allocate_kv_cache()
         self.model_dir = str(self.runner.model_dir)
         self.spec = self.runner.spec
+        self.device_type = self.runner.device.type
 
     def execute(self, inp: ModelInput) -> ModelOutput:
         out = self.runner.execute(inp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import random
 import time
@@ -88,6 +89,12 @@ class LLMEngine:
         self._inflight: _Step | None = None  # a launched step whose output is not processed yet
         self._busy = 0.0  # seconds inside step() since the latest step result (policy timing)
         self._mark = 0.0
+        self.speculation_profile: dict[str, float] = {}  # "mode@bucket" -> median step ms (warm-up profile)
+        steps = config.speculation_profile_steps
+        if steps is None:
+            steps = 8 if getattr(self.executor, "device_type", "cpu") == "cuda" else 0
+        if steps and self.policy is not None and self.policy.spec.execution == "auto":
+            self.speculation_profile = self.profile_speculation(steps)
 
     # ---- requests -----------------------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -402,5 +409,66 @@ class LLMEngine:
                     final[o.request_id] = o
         return [final[i] for i in ids]
 
+    def profile_speculation(self, steps_per_mode: int, max_batch_size: int | None = None) -> dict[str, float]:
+        """Warm-up profile of the per-batch execution policy (issue 6: "step times measured online, warm-up
+        profile at start"): at every batch-size bucket (1, 2, 4, ... up to ``max_batch_size``, default
+        ``max_num_seqs``; buckets whose requests would not fit the KV cache are skipped) run that many dummy
+        requests (greedy, EOS ignored) and time ``steps_per_mode`` decode steps of each execution mode the
+        policy can choose (forced), with the same per-step timing the policy uses online. Each (mode, bucket)
+        then starts from the median (``SpeculationPolicy.finish_profile``), so the policy need not explore
+        while serving. Engine statistics, speculative metrics and the seed stream are left as before.
+
+        Returns {"mode@bucket": median step time in ms}. Call before serving (no other requests queued)."""
+        policy = self.policy
+        if policy is None or self.has_unfinished:
+            raise RuntimeError("profile_speculation needs a speculative engine with no requests in flight")
+        cfg = self.config
+        prompt = self.encode(_PROFILE_PROMPT)
+        if getattr(self.tokenizer, "chat_template", None):
+            prompt = self.apply_chat_template([{"role": "user", "content": _PROFILE_PROMPT}])
+        k = policy.spec.num_speculative_tokens
+        modes = list(policy.options)
+        room = cfg.max_model_len - len(prompt) - 1
+        max_tokens = min(len(modes) * (steps_per_mode + 3) * (k + 1) + 8, room)
+        capacity = self.block_manager.num_free_blocks * cfg.kv_block_size
+        limit = min(max_batch_size or cfg.max_num_seqs, cfg.max_num_seqs)
+        sizes, b = [], 1
+        while b < 2 * limit and b > 0:
+            size = min(b, limit)
+            if max_tokens < 1 or size * (len(prompt) + max_tokens + 2 * cfg.kv_block_size) > capacity:
+                break
+            sizes.append(size)
+            b *= 2
+        saved = (self._rng.getstate(), copy.deepcopy(self.stats), copy.deepcopy(self.spec_metrics))
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        try:
+            for size in sizes:
+                ids = [self.add_request(prompt, params, f"flexspec-profile-{size}-{i}") for i in range(size)]
+                policy.forced = modes[0]
+                while any(not self.seqs[i].output_token_ids for i in ids if i in self.seqs):  # prefill
+                    self.step()
+                for mode in modes:
+                    policy.forced = mode
+                    for _ in range(steps_per_mode + 2):  # the first step after a switch is not recorded
+                        if not self.has_unfinished:
+                            break
+                        self.step()
+                for i in ids:
+                    self.abort(i)
+                while self.has_unfinished:
+                    self.step()
+        finally:
+            self._rng.setstate(saved[0])
+            self.stats, self.spec_metrics = saved[1], saved[2]
+            profile = policy.finish_profile()
+        return profile
+
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+# Dummy request of the warm-up profile: ordinary instruction-following text (not from any evaluation set).
+_PROFILE_PROMPT = (
+    "Explain step by step how to find the area of a triangle from the lengths of its three sides, then "
+    "write a short Python function that does it and test it on a right triangle with sides 3, 4 and 5."
+)

@@ -153,7 +153,8 @@ class ModelRunner:
     def capture_cuda_graphs(self) -> None:
         """Capture decode graphs (1 token per sequence) and, with a drafter, verification graphs for query
         lengths 2, 4, 8, ... up to 1 + K (selective verification sends fewer drafts: a step replays the smallest
-        graph its longest query fits), then the drafter's own graphs."""
+        graph its longest query fits; query length 1 too when launched plain steps must capture the drafter's
+        target layers), then the drafter's own graphs."""
         sizes = self.config.cuda_graph_batch_sizes
         try:
             self.graphs = [DecodeGraphs(self, sizes)]
@@ -166,7 +167,10 @@ class ModelRunner:
         drafter = self.spec_worker.drafter
         layers = tuple(drafter.capture_layers)
         pool = None
-        for q in reversed(verification_query_lens(drafter.num_speculative_tokens)):  # largest first: one pool
+        query_lens = verification_query_lens(drafter.num_speculative_tokens)
+        if drafter.observes_plain_steps:  # launched plain steps capture the drafter's layers
+            query_lens = [1, *query_lens]
+        for q in reversed(query_lens):  # largest first: one pool
             try:
                 graphs = DecodeGraphs(self, sizes, query_len=q, capture_layers=layers, pool=pool)
             except Exception as e:  # noqa: BLE001 - e.g. out of memory for large K x batch: verify eagerly
@@ -259,9 +263,12 @@ class ModelRunner:
         copied to pinned host memory behind an event. ``collect`` must run before the next ``launch`` (graph
         logits are static buffers the next replay overwrites). With a drafter, only steps its worker allows
         (``SpecDecodeWorker.can_run_plain``)."""
-        if self.spec_worker is not None:
-            self.spec_worker.note_plain_step(inp)
-        logits, _ = self.forward(inp)
+        worker = self.spec_worker
+        if worker is not None:
+            worker.note_plain_step(inp)
+        logits, captured = self.forward(inp)
+        if worker is not None and worker.drafter.observes_every_step:
+            worker.drafter.observe_plain_step(inp, captured)  # e.g. DFlash's context K/V, enqueued
         meta = SamplingMetadata(inp.sampling_rows, self.device, inp.num_logprobs)
         tokens = sample(logits, meta)  # [N] int64
         n = tokens.shape[0]

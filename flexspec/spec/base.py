@@ -59,6 +59,9 @@ class Drafter(ABC):
     # token history only, which the worker keeps): such steps skip ``propose``. Drafters that feed on every
     # step's target hidden states (DFlash's context K/V, EAGLE-3, MTP) or keep their own KV cache stay True.
     observes_every_step: ClassVar[bool] = True
+    # True when ``observe_plain_step`` keeps the drafter's per-step state up to date without a host sync, so
+    # the runner may launch plain steps itself (async output processing) although ``observes_every_step``.
+    observes_plain_steps: ClassVar[bool] = False
 
     def __init__(self, config, runner: ModelRunner) -> None:
         self.config = config
@@ -98,6 +101,12 @@ class Drafter(ABC):
 
         ``captured`` holds the target's outputs of ``capture_layers`` for this step's tokens, [T, H] each.
         """
+
+    def observe_plain_step(self, inp, captured: list[torch.Tensor]) -> None:
+        """A plain step launched by the runner (``observes_plain_steps``): every input of ``inp`` is committed
+        (no drafts verified, none proposed); ``captured`` holds ``capture_layers`` for its rows, [T, H] each.
+        Must only enqueue device work (the step's tokens are read back later)."""
+        raise NotImplementedError(f"{type(self).__name__} does not observe launched plain steps")
 
     def free(self, seq_ids: list[int]) -> None:
         """Forget per-sequence state (finished, aborted or preempted sequences)."""

@@ -42,6 +42,7 @@ class DFlashDrafter(Drafter):
     greedy_drafts: ClassVar[bool] = (
         True  # drafts = argmax of the target head (subclasses may select otherwise)
     )
+    observes_plain_steps: ClassVar[bool] = True  # plain steps write their context K/V (observe_plain_step)
 
     def __init__(self, config, runner) -> None:
         super().__init__(config, runner)
@@ -123,20 +124,41 @@ class DFlashDrafter(Drafter):
                 rows.append(row)
                 positions.append(pos)
                 slots.append(self.cache.slot(b.seq_id, pos))
-        if rows:
-            n = len(rows)
-            rows_t, positions_t, slots_t = torch.tensor([rows, positions, slots]).to(
-                self.device, non_blocking=True
-            )
-            feats = torch.cat(
-                [captured[j].index_select(0, rows_t) for j in self._feature_index], dim=-1
-            )  # [N, n*H]
-            graphs = self._context_graphs
-            if graphs is not None and graphs.can_run(n):
-                graphs.run(n, feats=feats, positions=positions_t, slots=slots_t)
-            else:
-                self.model.store_context(feats, positions_t, slots_t)
+        self._write_context(rows, positions, slots, captured)
         return ready
+
+    @torch.inference_mode()
+    def observe_plain_step(self, inp, captured: list[torch.Tensor]) -> None:
+        """Plain step (see ``Drafter.observe_plain_step``): all of its inputs are committed, so their context
+        K/V is written at their positions; no host sync (the context step is the same captured graph)."""
+        evictable = set(self.cache.tables) - set(inp.seq_ids)
+        rows: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        r = 0
+        for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
+            if self.cache.reserve(sid, max(ctx + n, 1), evictable):
+                rows.extend(range(r, r + n))
+                positions.extend(range(ctx, ctx + n))
+                slots.extend(self.cache.slot(sid, p) for p in range(ctx, ctx + n))
+            r += n
+        self._write_context(rows, positions, slots, captured)
+
+    def _write_context(
+        self, rows: list[int], positions: list[int], slots: list[int], captured: list[torch.Tensor]
+    ) -> None:
+        """Drafter context K/V of captured rows ``rows`` (target features) at ``positions`` / drafter cache
+        ``slots``: the captured context graph for up to its row count, eager beyond."""
+        if not rows:
+            return
+        n = len(rows)
+        rows_t, positions_t, slots_t = torch.tensor([rows, positions, slots]).to(self.device, non_blocking=True)
+        feats = torch.cat([captured[j].index_select(0, rows_t) for j in self._feature_index], dim=-1)  # [N, n*H]
+        graphs = self._context_graphs
+        if graphs is not None and graphs.can_run(n):
+            graphs.run(n, feats=feats, positions=positions_t, slots=slots_t)
+        else:
+            self.model.store_context(feats, positions_t, slots_t)
 
     def _draft(self, items: list[SeqDraftInput]) -> list[list[int]]:
         """One varlen forward of S blocks -> drafts per sequence (a CUDA graph replay when captured)."""

@@ -30,7 +30,11 @@ Without the decay a request stuck on plain was re-tested only by the runner-up p
 
 Step times:
 
-* warm-up: each option is measured ``WARMUP_SAMPLES`` times, at whatever batch size comes first;
+* warm-up profile at engine start (``EngineConfig.speculation_profile_steps``, on by default on GPU): every
+  option is timed for a few steps at every batch-size bucket on dummy requests (``LLMEngine.profile_speculation``);
+  each (mode, bucket) starts from the median;
+* without it (or for what it skipped), each option is measured ``WARMUP_SAMPLES`` times, at whatever batch
+  size comes first;
 * a bucket not measured yet for a mode borrows the nearest measured bucket's time, scaled by how plain
   decoding's time changes between the two buckets; so a new batch size does not re-measure every option:
   only options whose estimate is within ``PLAUSIBLE`` of the best are measured there (the best one is
@@ -50,6 +54,7 @@ forces plain decoding above a batch size.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from configs.engine import EngineConfig
@@ -104,6 +109,8 @@ class SpeculationPolicy:
     acceptance: list[float] = field(default_factory=list)  # per-position acceptance (EMA over steps)
     last_modes: list[str] = field(default_factory=list)  # the last two decisions (steady-state attribution)
     probe: tuple[str, int] | None = None  # (mode, decisions left) of a running re-measurement
+    forced: str | None = None  # warm-up profile: every decision is this mode, step times are collected raw
+    profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
     prior_tokens_per_step: float | None = None  # G: mean accepted + 1 over ~PRIOR_WINDOW verifications
     num_verifications: int = 0  # of all requests, for the prior's running mean
 
@@ -122,6 +129,8 @@ class SpeculationPolicy:
         limit = self.spec.disable_by_batch_size
         if limit is not None and num_seqs > limit:
             return self._count(Decision("plain", 0))
+        if self.forced is not None:
+            return self._decision(self.forced)
         if self.spec.execution != "auto":
             return self._count(Decision(self.spec.execution, k))
         bucket = batch_bucket(num_seqs)
@@ -228,7 +237,9 @@ class SpeculationPolicy:
         The time is recorded only when this step's decision equals the previous one (see the module doc);
         acceptance is recorded for every step that verified drafts."""
         previous = self.last_modes[0] if len(self.last_modes) == 2 else mode
-        if previous == mode:
+        if previous == mode and self.forced is not None:
+            self.profile.setdefault((mode, batch_bucket(num_seqs)), []).append(seconds)
+        elif previous == mode:
             self.step_times.setdefault((mode, batch_bucket(num_seqs)), _Stat()).add(seconds)
         if per_position_acceptance:
             n = max(len(self.acceptance), len(per_position_acceptance))
@@ -238,6 +249,23 @@ class SpeculationPolicy:
             else:
                 self.acceptance += [0.0] * (n - len(self.acceptance))
                 self.acceptance = [(1 - EMA) * a + EMA * b for a, b in zip(self.acceptance, step)]
+
+    def finish_profile(self) -> dict[str, float]:
+        """End the warm-up profile: each (mode, bucket) measured there starts from the median of its step
+        times, trusted as ``WARMUP_SAMPLES`` samples (later steps update it as usual); acceptance statistics
+        of the dummy requests are dropped. Returns {"mode@bucket": median ms}."""
+        self.forced = None
+        out = {}
+        for (mode, bucket), times in sorted(self.profile.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            med = statistics.median(times)
+            self.step_times[(mode, bucket)] = _Stat(n=WARMUP_SAMPLES, seconds=med)
+            out[f"{mode}@{bucket}"] = round(med * 1e3, 4)
+        self.profile.clear()
+        self.acceptance, self.prior_tokens_per_step, self.num_verifications = [], None, 0
+        self.mode_counts.clear()
+        self.decisions.clear()
+        self.last_modes = []
+        return out
 
     def observe_request(self, seq, num_draft_tokens: int, num_accepted: int) -> None:
         """Update one request's MAL estimate after a step that emitted tokens for it, having verified

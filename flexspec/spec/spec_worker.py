@@ -38,18 +38,24 @@ class SpecDecodeWorker:
 
     def can_run_plain(self, inp: ModelInput) -> bool:
         """Whether ``inp`` is a plain step the runner may launch without this worker: it proposes nothing,
-        verifies no drafts, and the drafter keeps no per-step state (FlexDraft, n-gram; not DFlash/EAGLE)."""
+        verifies no drafts, and the drafter keeps no per-step state (FlexDraft, n-gram) or updates it from the
+        launched step without a host sync (DFlash, DSpark: ``observe_plain_step``); not EAGLE-3 / MTP /
+        draft model."""
+        drafter = self.drafter
         return (
             inp.num_speculative_tokens == 0
             and not any(inp.num_draft_tokens)
-            and not self.drafter.observes_every_step
+            and (not drafter.observes_every_step or drafter.observes_plain_steps)
         )
 
     def note_plain_step(self, inp: ModelInput) -> None:
-        """Bookkeeping for a plain step the runner launches itself (``can_run_plain``): free finished
-        sequences, extend each history with the step's committed inputs (its sampled token is the next step's
-        input, added then), and forget pending draft distributions."""
+        """Bookkeeping for a plain step the runner launches itself (``can_run_plain``), before its forward: free
+        finished sequences, extend each history with the step's committed inputs (its sampled token is the next
+        step's input, added then), forget pending draft distributions, and ask for the target layers the
+        drafter reads (``observe_plain_step`` after the forward)."""
         self._forget(inp.finished_seq_ids)
+        if self.drafter.observes_every_step:
+            inp.capture_layers = self.drafter.capture_layers
         r = 0
         for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
             self._commit(sid, ctx, inp.input_ids[r : r + n])

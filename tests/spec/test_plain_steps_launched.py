@@ -15,8 +15,9 @@ from tests.spec.conftest import spec_engine
     [
         {"method": "flexdraft", "model": "smollm2-135m-instruct-flexdraft", "num_speculative_tokens": 4},
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+        {"method": "dflash", "model": "smollm2-135m-instruct-dflash", "num_speculative_tokens": 4},
     ],
-    ids=["flexdraft", "ngram"],
+    ids=["flexdraft", "ngram", "dflash"],
 )
 def test_plain_steps_between_speculative_steps_are_launched_and_exact(plain_128, spec):
     prompts, want = plain_128
@@ -46,3 +47,42 @@ def test_plain_steps_between_speculative_steps_are_launched_and_exact(plain_128,
     assert calls["launched"] > 0 and calls["executed"] > 0  # both kinds of step ran
     assert eng.spec_metrics.num_accepted_tokens > 0  # speculation still accepted drafts after plain steps
     assert eng.block_manager.usage == 0.0
+
+
+def test_dflash_context_written_by_launched_plain_steps_equals_synchronous_path(plain_128):
+    """DFlash's drafter reads the context K/V of every committed token; a launched plain step writes it from
+    the step's captured target features (``observe_plain_step``). With the same decisions, the drafts (hence
+    the accepted counts) equal those of an engine that runs every plain step through the worker."""
+    prompts, _ = plain_128
+    prompts = prompts[1::10]
+    spec = {"method": "dflash", "model": "smollm2-135m-instruct-dflash", "num_speculative_tokens": 4}
+
+    def run(launch_plain: bool):
+        eng = spec_engine(spec, max_num_seqs=4)
+        decide, n = eng.policy.decide, {"decisions": 0, "launched": 0}
+
+        def two_plain_then_spec(sched):
+            n["decisions"] += 1
+            return Decision("plain", 0) if n["decisions"] % 3 else decide(sched)
+
+        eng.policy.decide = two_plain_then_spec
+        if launch_plain:
+            launch = eng.executor.launch
+
+            def counted(inp):
+                n["launched"] += 1
+                return launch(inp)
+
+            eng.executor.launch = counted
+        else:
+            eng.executor.can_launch = lambda inp: False
+        outs = eng.generate(prompts, SamplingParams(max_tokens=32, temperature=0))
+        m = eng.spec_metrics
+        return [o.token_ids for o in outs], m.num_draft_tokens, m.num_accepted_tokens, n["launched"]
+
+    tokens_l, drafts_l, accepted_l, launched = run(True)
+    tokens_s, drafts_s, accepted_s, _ = run(False)
+    assert launched > 0
+    assert tokens_l == tokens_s
+    assert accepted_s > 0
+    assert (drafts_l, accepted_l) == (drafts_s, accepted_s)
