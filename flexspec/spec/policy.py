@@ -48,13 +48,16 @@ now, so only steps whose decision equals the previous one are recorded (steady s
 switch costs one unrecorded step.
 
 The first samples of a (mode, bucket) keep their minimum (one-off costs such as a kernel's first compile
-must not set the estimate), later ones an exponential moving average. ``disable_by_batch_size`` (vLLM)
+must not set the estimate), later ones the median of a window (``_Stat``). Near-ties go to plain decoding
+(``SPEC_MARGIN``): a speculative step also pays what the step-time table does not see (a drafter's work on
+prefill chunks, more variance), so speculation must promise a clear gain. ``disable_by_batch_size`` (vLLM)
 forces plain decoding above a batch size.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from configs.engine import EngineConfig
@@ -65,7 +68,9 @@ REEXPLORE_EVERY = 64  # decisions per bucket between re-measurements of the runn
 PROBE_STEPS = 2  # consecutive steps of a re-measurement (the first is a switch step, not recorded)
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
-EMA = 0.2  # weight of the newest sample in step-time, acceptance and per-request MAL moving averages
+EMA = 0.2  # weight of the newest sample in acceptance and per-request MAL moving averages
+STAT_WINDOW = 15  # step times per (mode, bucket) whose median is the estimate
+SPEC_MARGIN = 1.05  # speculation is chosen over plain decoding only if its expected rate is this much higher
 PRIOR_WINDOW = 256  # verifications (all requests) behind the prior MAL: ~3 GSM8K requests at batch 1
 STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a request's own MAL estimate
 STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
@@ -81,17 +86,19 @@ def batch_bucket(num_seqs: int) -> int:
 
 @dataclass
 class _Stat:
+    """Step times of one (mode, bucket): the minimum of the first ``WARMUP_SAMPLES`` (one-off costs such as a
+    kernel's first compile must not set the estimate), then the median of the last ``STAT_WINDOW`` (a stray
+    slow step - a GC pause, a host hiccup - must not move it: with a moving average one 20 ms outlier locked a
+    mode out for hundreds of steps on the H200)."""
+
     n: int = 0
-    seconds: float = 0.0  # EMA of step time
+    seconds: float = 0.0
+    window: deque = field(default_factory=lambda: deque(maxlen=STAT_WINDOW))
 
     def add(self, t: float) -> None:
-        if self.n == 0:
-            self.seconds = t
-        elif self.n < WARMUP_SAMPLES:
-            self.seconds = min(self.seconds, t)
-        else:
-            self.seconds = (1 - EMA) * self.seconds + EMA * t
+        self.window.append(t)
         self.n += 1
+        self.seconds = min(self.window) if self.n < WARMUP_SAMPLES else statistics.median(self.window)
 
 
 @dataclass
@@ -141,6 +148,7 @@ class SpeculationPolicy:
                 return self._decision(mode)
         spec_tokens = self._batch_tokens_per_step(sched)
         rates = {m: self.expected_rate(m, bucket, spec_tokens) for m in self.options}
+        rates["plain"] *= SPEC_MARGIN  # near-ties go to plain decoding (see SPEC_MARGIN)
         ranked = sorted(self.options, key=rates.__getitem__, reverse=True)
         best = rates[ranked[0]]
         for mode in ranked[1:]:  # plausible options never measured at this batch size
@@ -257,8 +265,12 @@ class SpeculationPolicy:
         self.forced = None
         out = {}
         for (mode, bucket), times in sorted(self.profile.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            med = statistics.median(times)
-            self.step_times[(mode, bucket)] = _Stat(n=WARMUP_SAMPLES, seconds=med)
+            stat = _Stat()
+            for t in times[-STAT_WINDOW:]:
+                stat.add(t)
+            stat.n = max(stat.n, WARMUP_SAMPLES)
+            med = stat.seconds = statistics.median(stat.window)
+            self.step_times[(mode, bucket)] = stat
             out[f"{mode}@{bucket}"] = round(med * 1e3, 4)
         self.profile.clear()
         self.acceptance, self.prior_tokens_per_step, self.num_verifications = [], None, 0
