@@ -38,7 +38,8 @@ class EngineConfig(BaseModel):
         True,
         description="Overlap a step's output processing (detokenization, request outputs) with the next step "
         "(vLLM's async output processing). One process (TP = 1): plain steps are launched without waiting "
-        "(also a drafter's plain steps when it keeps no per-step state); speculative steps run synchronously.",
+        "(also a drafter's plain steps when it keeps no per-step state or updates it on the device, e.g. DFlash); "
+        "speculative steps run synchronously.",
     )
     cuda_graph_batch_sizes: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64],

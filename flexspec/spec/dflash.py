@@ -152,8 +152,12 @@ class DFlashDrafter(Drafter):
         if not rows:
             return
         n = len(rows)
-        rows_t, positions_t, slots_t = torch.tensor([rows, positions, slots]).to(self.device, non_blocking=True)
-        feats = torch.cat([captured[j].index_select(0, rows_t) for j in self._feature_index], dim=-1)  # [N, n*H]
+        rows_t, positions_t, slots_t = torch.tensor([rows, positions, slots]).to(
+            self.device, non_blocking=True
+        )
+        feats = torch.cat(
+            [captured[j].index_select(0, rows_t) for j in self._feature_index], dim=-1
+        )  # [N, n*H]
         graphs = self._context_graphs
         if graphs is not None and graphs.can_run(n):
             graphs.run(n, feats=feats, positions=positions_t, slots=slots_t)
