@@ -182,20 +182,16 @@ class SpeculationPolicy:
         g = self.prior_tokens_per_step
         return self.expected_tokens_per_step("decoupled") if g is None else g
 
-    def request_tokens_per_step(self, seq) -> float:
-        """A request's estimated MAL: G + w (r - G) (see the module doc)."""
-        g = self.prior()
-        r = seq.spec_tokens_per_step
+    def request_tokens_per_step(self, seq, prior: float | None = None) -> float:
+        """A request's estimated MAL: G + w (r - G) (see the module doc); ``prior`` = G when already known."""
+        g = self.prior() if prior is None else prior
+        r = getattr(seq, "spec_tokens_per_step", None)
         return g if r is None else g + seq.spec_estimate_weight * (r - g)
 
     def _batch_tokens_per_step(self, sched: SchedulerOutput) -> float:
-        """Mean over the batch of each request's estimated MAL (``request_tokens_per_step``, inlined: per step)."""
+        """Mean over the batch of each request's estimated MAL (``request_tokens_per_step``)."""
         g = self.prior()
-        total = 0.0
-        for s in sched.scheduled:
-            seq = getattr(s, "seq", None)
-            r = getattr(seq, "spec_tokens_per_step", None)
-            total += g if r is None else g + seq.spec_estimate_weight * (r - g)
+        total = sum(self.request_tokens_per_step(getattr(s, "seq", None), g) for s in sched.scheduled)
         return total / max(len(sched.scheduled), 1)
 
     def samples(self, mode: str) -> int:
