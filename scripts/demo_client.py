@@ -19,6 +19,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+MODE_STEPS = "flexspec:execution_mode_steps"
 SPEC_COUNTERS = (
     "vllm:spec_decode_num_drafts",
     "vllm:spec_decode_num_draft_tokens",
@@ -83,6 +84,11 @@ def spec_counters(metrics_text: str) -> dict[str, float]:
         values = [s.value for s in family.samples if s.name.endswith("_total")]
         if family.name in SPEC_COUNTERS and values:  # declared without samples when speculation is off
             totals[family.name] = sum(values)
+        if family.name == MODE_STEPS:  # steps per execution mode the policy chose: "mode:plain" -> count
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    key = f"mode:{sample.labels.get('mode', '?')}"
+                    totals[key] = totals.get(key, 0.0) + sample.value
     return totals
 
 
@@ -95,9 +101,18 @@ def spec_summary(counters: dict[str, float]) -> str:
         return "speculative decoding: no drafts yet"
     accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0.0)
     draft_tokens = counters.get("vllm:spec_decode_num_draft_tokens", 0.0)
+    modes = {k.split(":", 1)[1]: v for k, v in counters.items() if k.startswith("mode:")}
+    steps = sum(modes.values())
+    plain = modes.get("plain", 0.0)
+    share = (
+        f"; the policy speculated in {steps - plain:.0f} of {steps:.0f} steps (plain decoding where it "
+        "expected that to be faster)"
+        if steps
+        else ""
+    )
     return (
         f"speculative decoding: mean acceptance length {1 + accepted / drafts:.2f} "
-        f"(accepted {accepted:.0f} of {draft_tokens:.0f} draft tokens, {drafts:.0f} drafts)"
+        f"(accepted {accepted:.0f} of {draft_tokens:.0f} draft tokens, {drafts:.0f} drafts){share}"
     )
 
 
