@@ -439,13 +439,18 @@ class LLMEngine:
                 break
             sizes.append(size)
             b *= 2
+        if not sizes:  # the dummy request does not fit: the policy measures online only
+            return policy.finish_profile()
         saved = (self._rng.getstate(), copy.deepcopy(self.stats), copy.deepcopy(self.spec_metrics))
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        ids: list[str] = []
         try:
             for size in sizes:
                 ids = [self.add_request(prompt, params, f"flexspec-profile-{size}-{i}") for i in range(size)]
                 policy.forced = modes[0]
-                while any(not self.seqs[i].output_token_ids for i in ids if i in self.seqs):  # prefill
+                while self.has_unfinished and any(  # prefill
+                    not self.seqs[i].output_token_ids for i in ids if i in self.seqs
+                ):
                     self.step()
                 for mode in modes:
                     policy.forced = mode
@@ -458,6 +463,8 @@ class LLMEngine:
                 while self.has_unfinished:
                     self.step()
         finally:
+            for i in ids:  # no-op unless a step raised
+                self.abort(i)
             self._rng.setstate(saved[0])
             self.stats, self.spec_metrics = saved[1], saved[2]
             profile = policy.finish_profile()

@@ -130,7 +130,8 @@ class DFlashDrafter(Drafter):
     @torch.inference_mode()
     def observe_plain_step(self, inp, captured: list[torch.Tensor]) -> None:
         """Plain step (see ``Drafter.observe_plain_step``): all of its inputs are committed, so their context
-        K/V is written at their positions; no host sync (the context step is the same captured graph)."""
+        K/V is written at their positions, enqueued without waiting for the device (the context step is the
+        captured graph up to its row count, eager beyond; DSpark inherits this)."""
         evictable = set(self.cache.tables) - set(inp.seq_ids)
         rows: list[int] = []
         positions: list[int] = []

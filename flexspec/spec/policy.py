@@ -70,6 +70,7 @@ PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the be
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
 EMA = 0.2  # weight of the newest sample in acceptance and per-request MAL moving averages
 STAT_WINDOW = 15  # step times per (mode, bucket) whose median is the estimate
+PROFILE_PRIOR_WEIGHT = 8  # verifications the warm-up profile's acceptance counts for in the prior G
 SPEC_MARGIN = 1.05  # speculation is chosen over plain decoding only if its expected rate is this much higher
 PRIOR_WINDOW = 256  # verifications (all requests) behind the prior MAL: ~3 GSM8K requests at batch 1
 STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a request's own MAL estimate
@@ -256,20 +257,21 @@ class SpeculationPolicy:
 
     def finish_profile(self) -> dict[str, float]:
         """End the warm-up profile: each (mode, bucket) measured there starts from the median of its step
-        times, trusted as ``WARMUP_SAMPLES`` samples (later steps update it as usual); acceptance statistics
-        of the dummy requests are dropped. Returns {"mode@bucket": median ms}."""
+        times (later steps update it as usual; entries with fewer than ``WARMUP_SAMPLES`` samples stay open to
+        the warm-up rule). The dummy requests' acceptance is kept as a weak prior (worth ``PROFILE_PRIOR_WEIGHT``
+        verifications): with no prior at all every speculative mode would expect 1 token per step and lose to
+        plain decoding until the runner-up probe (64 decisions). Returns {"mode@bucket": median ms}."""
         self.forced = None
         out = {}
         for (mode, bucket), times in sorted(self.profile.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             stat = _Stat()
             for t in times[-STAT_WINDOW:]:
                 stat.add(t)
-            stat.n = max(stat.n, WARMUP_SAMPLES)
             med = stat.seconds = statistics.median(stat.window)
             self.step_times[(mode, bucket)] = stat
             out[f"{mode}@{bucket}"] = round(med * 1e3, 4)
         self.profile.clear()
-        self.acceptance, self.prior_tokens_per_step, self.num_verifications = [], None, 0
+        self.num_verifications = min(self.num_verifications, PROFILE_PRIOR_WEIGHT)
         self.mode_counts.clear()
         self.decisions.clear()
         self.last_modes = []
