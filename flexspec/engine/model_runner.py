@@ -267,7 +267,7 @@ class ModelRunner:
         if worker is not None:
             worker.note_plain_step(inp)
         logits, captured = self.forward(inp)
-        if worker is not None and worker.drafter.observes_every_step:
+        if worker is not None and worker.drafter.observes_plain_steps:
             worker.drafter.observe_plain_step(inp, captured)  # e.g. DFlash's context K/V, enqueued
         meta = SamplingMetadata(inp.sampling_rows, self.device, inp.num_logprobs)
         tokens = sample(logits, meta)  # [N] int64

@@ -54,7 +54,7 @@ class SpecDecodeWorker:
         step's input, added then), forget pending draft distributions, and ask for the target layers the
         drafter reads (``observe_plain_step`` after the forward)."""
         self._forget(inp.finished_seq_ids)
-        if self.drafter.observes_every_step:
+        if self.drafter.observes_plain_steps:
             inp.capture_layers = self.drafter.capture_layers
         r = 0
         for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
