@@ -38,6 +38,16 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def positive_int(text: str) -> int:
+    """One positive integer (argparse ``type=``)."""
+    import argparse
+
+    values = int_list(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
+    return values[0]
+
+
 def datasets_arg(text: str) -> list[str]:
     """``all`` or a comma-separated subset of the evaluation sets."""
     import argparse

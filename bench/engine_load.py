@@ -32,7 +32,7 @@ _request_ids = itertools.count()
 class StepRecord:
     wall_s: float = 0.0  # engine.step() wall time
     exec_s: float = 0.0  # executor.execute (or launch + collect: the wait for the device when overlapped)
-    draft_s: float = 0.0  # drafter.propose
+    draft_s: float = 0.0  # drafter.propose (0 in device-side verification steps: drafting is inside exec_s)
     num_seqs: int = 0
     num_tokens: int = 0
     decode: bool = False  # every sequence decodes (1 token, or bonus + drafts); no prefill chunk

@@ -6,7 +6,8 @@ step-time split (draft / verify / other), TTFT / ITL / TPOT percentiles.
         --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}' --output results.json
 
 Modes: ``engine`` (default; offline, in-process ``LLMEngine``, closed loop: ``batch_size`` requests in flight,
-a new one added as soon as one finishes, ``max(num_prompts, batch_size)`` requests per point, prompts cycled)
+a new one added as soon as one finishes, ``max(num_prompts, requests_per_batch * batch_size)`` requests per
+point, prompts cycled)
 and ``server`` (HTTP load with concurrency C against running OpenAI-compatible servers, see
 ``bench.server_bench``). Peers (``--peer``, run by ``bench.spec_peers``): transformers systems of
 ``bench.hf_peers`` (``hf`` = dynamic cache) and ``vllm`` (in a subprocess, skipped with the reason when vLLM is
@@ -35,6 +36,7 @@ from bench.common import (
     environment,
     int_list,
     log,
+    positive_int,
     prompt_token_ids,
     short_error,
 )
@@ -58,6 +60,13 @@ def build_parser(prog: str = "python -m bench.spec_bench") -> argparse.ArgumentP
         "--dataset", type=datasets_arg, default=["gsm8k"], help="gsm8k|math500|humaneval|mt_bench|all|a,b"
     )
     p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument(
+        "--requests-per-batch",
+        type=positive_int,
+        default=1,
+        help="At least this many requests per point per unit of batch size (prompts cycled): longer points at "
+        "large batch, so that the batch stays full and start-up transients weigh less.",
+    )
     p.add_argument("--batch-sizes", type=int_list, default=[1, 4, 16, 64], help="Concurrency levels.")
     p.add_argument(
         "--speculative-config", action="append", default=[], help="JSON dict or list (repeatable)."
@@ -226,7 +235,7 @@ def run_engine_system(
             if budget.exhausted():
                 report.doc["runs"].append({**point, "skipped": "time budget exhausted"})
                 continue
-            reqs = cycle_to(ds_prompts, max(args.num_prompts, b))
+            reqs = cycle_to(ds_prompts, max(args.num_prompts, args.requests_per_batch * b))
             params = [
                 SamplingParams(
                     max_tokens=args.max_tokens,

@@ -27,6 +27,12 @@ class _SpecBase(BaseModel):
         description="Per-batch execution: auto (cost model), parallel (draft+verify in one forward; "
         "FlexDraft only) or decoupled (verify, then draft).",
     )
+    device_verification: bool = Field(
+        True,
+        description="Verify and draft in one device-side step, with one host readback per step, where the "
+        "drafter supports it (DFlash, FlexDraft decoupled; one TP rank); false = verify on the host, then "
+        "draft (the general path, for A/B checks).",
+    )
 
     @model_validator(mode="after")
     def _parallel_needs_flexdraft(self) -> _SpecBase:

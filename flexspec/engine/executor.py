@@ -40,12 +40,13 @@ class LocalExecutor:
 
     def can_launch(self, inp: ModelInput) -> bool:
         """Whether ``inp`` can be launched and collected separately: a plain step (no drafter, or one whose
-        worker allows it: no drafts to verify or propose, no per-step drafter state)."""
+        worker allows it: no drafts to verify or propose, no per-step drafter state) or a device-side
+        verification step (``SpecDecodeWorker.can_launch``)."""
         worker = self.runner.spec_worker
-        return worker is None or worker.can_run_plain(inp)
+        return worker is None or worker.can_run_plain(inp) or worker.can_launch(inp)
 
     def launch(self, inp: ModelInput):
-        """Start a plain step; ``collect`` its output before the next ``launch``."""
+        """Start a step (``can_launch``); ``collect`` its output before the next ``launch``."""
         return self.runner.launch(inp)
 
     def collect(self, pending) -> ModelOutput:

@@ -258,12 +258,15 @@ class ModelRunner:
         return self.collect(self.launch(inp))
 
     @torch.inference_mode()
-    def launch(self, inp: ModelInput) -> PendingStep:
+    def launch(self, inp: ModelInput):
         """Enqueue a plain step (forward + sampling) without waiting for the device: the sampled token ids are
         copied to pinned host memory behind an event. ``collect`` must run before the next ``launch`` (graph
-        logits are static buffers the next replay overwrites). With a drafter, only steps its worker allows
-        (``SpecDecodeWorker.can_run_plain``)."""
+        logits are static buffers the next replay overwrites). With a drafter, only steps its worker allows:
+        plain ones (``SpecDecodeWorker.can_run_plain``) and device-side verification steps, which the worker
+        enqueues itself (``SpecDecodeWorker.can_launch``; returns its ``PendingSpecStep``)."""
         worker = self.spec_worker
+        if worker is not None and not worker.can_run_plain(inp):
+            return worker.launch(inp)  # a device-side verification step (SpecDecodeWorker.can_launch)
         if worker is not None:
             worker.note_plain_step(inp)
         logits, captured = self.forward(inp)
@@ -285,8 +288,10 @@ class ModelRunner:
             event.record()
         return PendingStep(host, event, logits, inp.num_logprobs)
 
-    def collect(self, pending: PendingStep) -> ModelOutput:
+    def collect(self, pending) -> ModelOutput:
         """Wait for a launched step and return its output (rank 0)."""
+        if not isinstance(pending, PendingStep):
+            return self.spec_worker.collect(pending)  # type: ignore[union-attr]
         if pending.event is not None:
             pending.event.synchronize()
         out = ModelOutput(token_ids=[[t] for t in pending.tokens.tolist()])

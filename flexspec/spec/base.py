@@ -62,6 +62,9 @@ class Drafter(ABC):
     # True when ``observe_plain_step`` keeps the drafter's per-step state up to date without a host sync, so
     # the runner may launch plain steps itself (async output processing) although ``observes_every_step``.
     observes_plain_steps: ClassVar[bool] = False
+    # True when ``propose_on_device`` drafts from device tensors without a host sync (deterministic drafts),
+    # so the worker may verify and draft in one device-side step.
+    proposes_on_device: ClassVar[bool] = False
 
     def __init__(self, config, runner: ModelRunner) -> None:
         self.config = config
@@ -101,6 +104,20 @@ class Drafter(ABC):
 
         ``captured`` holds the target's outputs of ``capture_layers`` for this step's tokens, [T, H] each.
         """
+
+    def propose_on_device(
+        self,
+        inp,  # ModelInput of a verification step: every sequence's query is [last token, drafts...]
+        tokens: torch.Tensor,  # [S, K + 1] int64: the target's token at each of the sequence's rows
+        accepted: torch.Tensor,  # [S] int64: accepted drafts a (the step emits tokens[s, :a + 1])
+        captured: list[torch.Tensor],  # ``capture_layers`` outputs for the step's rows, [T, H] each
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [S, D] int64, keep [S] int64
+        """Drafts for the next step of ``proposes_on_device`` drafters, enqueued without a host sync: the
+        committed tokens of sequence s are its inputs 0 .. a (positions ``context_lens[s] ..``) plus the new
+        last token ``tokens[s, a]``. Returns up to D drafts per sequence and how many are worth verifying (the
+        worker also cuts to ``num_speculative_tokens`` and to the room left). When ``inp.num_speculative_tokens``
+        is 0 (the step only verifies), drafters update their state only and may return D = 0."""
+        raise NotImplementedError(f"{type(self).__name__} does not draft on the device")
 
     def observe_plain_step(self, inp, captured: list[torch.Tensor]) -> None:
         """A plain step launched by the runner (``observes_plain_steps``): every input of ``inp`` is committed

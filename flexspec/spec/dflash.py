@@ -145,6 +145,63 @@ class DFlashDrafter(Drafter):
             r += n
         self._write_context(rows, positions, slots, captured)
 
+    @property
+    def proposes_on_device(self) -> bool:  # type: ignore[override]
+        return self.greedy_drafts
+
+    @torch.inference_mode()
+    def propose_on_device(
+        self, inp, tokens: torch.Tensor, accepted: torch.Tensor, captured: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Drafter.propose_on_device``: the context K/V of each sequence's committed inputs 0 .. a (rows past
+        a get slot -1), then the block ``[tokens[s, a], MASK x (B-1)]`` over context length
+        ``context_lens[s] + a + 1`` (no block when the step proposes nothing); the same graphs as ``propose``,
+        fed from device tensors. Sequences whose drafter cache cannot hold the step's positions write nothing,
+        read no context and keep 0 drafts."""
+        dev, S, q = self.device, tokens.shape[0], tokens.shape[1]  # q = K + 1 rows per sequence at most
+        evictable = set(self.cache.tables) - set(inp.seq_ids)
+        ok: list[int] = []
+        tables: list[list[int]] = []
+        row0, r = [], 0
+        for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
+            ready = self.cache.reserve(sid, ctx + n, evictable)  # committed positions reach ctx + n - 1
+            ok.append(int(ready))
+            tables.append(self.cache.tables[sid] if ready else [])
+            row0.append(r)
+            r += n
+        width = max(len(t) for t in tables) or 1
+        host = torch.tensor(
+            [[c, n, r0, o, *t, *[0] * (width - len(t))]
+             for c, n, r0, o, t in zip(inp.context_lens, inp.query_lens, row0, ok, tables)],
+            dtype=torch.int64,
+        )  # fmt: skip
+        meta = host.to(dev, non_blocking=True)  # [S, 4 + W]
+        ctx, n, first_row, ready_t, table = meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] > 0, meta[:, 4:]
+        j = torch.minimum(torch.arange(q, device=dev)[None, :], n[:, None] - 1)  # [S, q] row in the query
+        pos = ctx[:, None] + j  # [S, q]
+        bs = self.cache.block_size
+        slots = table.gather(1, (pos // bs).clamp(max=width - 1)) * bs + pos % bs  # [S, q]
+        commit = (torch.arange(q, device=dev)[None, :] <= accepted[:, None]) & ready_t[:, None]
+        slots = torch.where(commit, slots, -1)
+        rows = (first_row[:, None] + j).view(-1)  # [S*q] rows of ``captured``
+        feats = torch.cat([captured[i].index_select(0, rows) for i in self._feature_index], -1)  # [S*q, n*H]
+        graphs = self._context_graphs
+        if graphs is not None and graphs.can_run(S * q):
+            graphs.run(S * q, feats=feats, positions=pos.view(-1), slots=slots.view(-1))
+        else:
+            self.model.store_context(feats, pos.view(-1), slots.view(-1))
+        if inp.num_speculative_tokens == 0:  # the step only verifies: context written, no block
+            return accepted.new_zeros(S, 0), accepted.new_zeros(S)
+        bonus = tokens.gather(1, accepted[:, None]).squeeze(1)  # [S]
+        ctx_lens = torch.where(ready_t, ctx + accepted + 1, 0).to(torch.int32)  # [S]
+        tables_t = table.to(torch.int32)
+        block = self._graphs
+        if block is not None and block.can_run(S, tables=tables_t):
+            drafts, keep = block.run(S, bonus=bonus, ctx_lens=ctx_lens, tables=tables_t)
+        else:
+            drafts, keep = self._greedy_block(bonus, ctx_lens, tables_t)
+        return drafts, torch.where(ready_t, keep, 0)
+
     def _write_context(
         self, rows: list[int], positions: list[int], slots: list[int], captured: list[torch.Tensor]
     ) -> None:

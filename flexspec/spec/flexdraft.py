@@ -149,6 +149,31 @@ class FlexDraftDrafter(Drafter):
         return self._side
 
     # ---- drafting -----------------------------------------------------------------------------------------
+    proposes_on_device = True  # decoupled steps; parallel steps carry a side stream and verify on the host
+
+    @torch.inference_mode()
+    def propose_on_device(
+        self, inp, tokens: torch.Tensor, accepted: torch.Tensor, captured: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Drafter.propose_on_device`` for a decoupled step: the group after the new last token
+        ``tokens[s, a]``, whose predecessor sits at position ``context_lens[s] + a`` (the target wrote its KV in
+        the verification forward); the same graph as ``propose``."""
+        if inp.num_speculative_tokens == 0:  # the step only verifies: FlexDraft keeps no per-step state
+            return accepted.new_zeros(tokens.shape[0], 0), accepted.new_zeros(tokens.shape[0])
+        width = max(len(t) for t in inp.block_tables) or 1
+        host = torch.tensor(
+            [[c, *t, *[0] * (width - len(t))] for c, t in zip(inp.context_lens, inp.block_tables)],
+            dtype=torch.int64,
+        )
+        meta = host.to(self.runner.device, non_blocking=True)  # [S, 1 + W]
+        last_pos = meta[:, 0] + accepted  # [S]
+        tables = meta[:, 1:].to(torch.int32)  # [S, W]
+        bonus = tokens.gather(1, accepted[:, None]).squeeze(1)  # [S]
+        S, graphs = tokens.shape[0], self._graphs
+        if graphs is not None and graphs.can_run(S, tables=tables):
+            return graphs.run(S, last_pos=last_pos, tables=tables, bonus=bonus)
+        return self._decoupled_step(last_pos, tables, bonus)
+
     @torch.inference_mode()
     def propose(self, batch: list[SeqDraftInput], captured: list[torch.Tensor]) -> DraftProposal:
         inp, B = self._inp, self.block_size

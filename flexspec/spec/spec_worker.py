@@ -7,25 +7,54 @@ the same accepted tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from flexspec.engine.model_input import ModelInput, ModelOutput
-from flexspec.engine.sampler import SamplingMetadata
+from flexspec.engine.sampler import SamplingMetadata, sample
 from flexspec.spec.base import DraftProposal, SeqDraftInput
 from flexspec.spec.registry import build_drafter
-from flexspec.spec.verifier import verify
+from flexspec.spec.verifier import accept_deterministic_drafts, verify
 
 if TYPE_CHECKING:
     from flexspec.engine.model_runner import ModelRunner
 
 
+@dataclass
+class PendingSpecStep:
+    """A launched device-side verification step: its packed result lands in ``rows`` once ``event`` completes.
+
+    ``rows`` [S, K + D + 3] int64 per sequence: the target's tokens at its K + 1 rows, accepted drafts a, the D
+    next drafts, how many of them are worth verifying."""
+
+    inp: ModelInput
+    rows: torch.Tensor  # pinned host memory (a view of the worker's readback buffer)
+    event: torch.cuda.Event | None  # None on CPU (copied synchronously)
+    logits: torch.Tensor  # [T, V] fp32 on the device (logprobs at collect time)
+    starts: list[int]  # [S] first logits row of each sequence
+    max_drafts: int  # K: drafts verified by the longest query
+
+
 class SpecDecodeWorker:
+    """Verification + drafting next to one target shard.
+
+    A verification step whose drafts are deterministic and whose drafter drafts on the device
+    (``Drafter.proposes_on_device``: DFlash, FlexDraft decoupled) runs *device-side*: target sampling, the
+    acceptance test, the drafter's context update and its next block are enqueued back to back, and the host
+    reads the result once. ``launch`` enqueues such a step and ``collect`` reads it back, so the engine can
+    overlap the previous step's output processing with it, as for plain steps. Other steps verify on the host
+    first, then draft (``execute``'s general path). The config's ``device_verification: false`` forces the
+    general path (A/B checks and benchmarks).
+    """
+
     def __init__(self, runner: ModelRunner, config) -> None:
         self.runner = runner
         self.config = config
         self.drafter = build_drafter(config, runner)
+        self.device_verification: bool = getattr(config, "device_verification", True)
+        self._readback: torch.Tensor | None = None  # pinned host buffer of a launched step's result
         self.history: dict[int, list[int]] = {}  # seq id -> committed token ids
         self.pending_probs: dict[int, torch.Tensor | None] = {}  # seq id -> q of its pending drafts
 
@@ -79,6 +108,8 @@ class SpecDecodeWorker:
         inp.capture_layers = self.drafter.capture_layers
         side = self.drafter.begin_step(inp)
         logits, captured = runner.forward(inp, side=side)
+        if side is None and self._runs_on_device(inp):
+            return self._collect(self._launch_on_device(inp, logits, captured))
 
         emit_idx = [s for s, smp in enumerate(inp.samples) if smp]
         num_drafts = [inp.num_draft_tokens[s] for s in emit_idx]
@@ -106,6 +137,95 @@ class SpecDecodeWorker:
             self.pending_probs[inp.seq_ids[s]] = proposal.draft_probs[s] if proposal.draft_probs else None
         if out is not None:
             out.draft_token_ids = [list(proposal.token_ids[s]) for s in emit_idx]
+        return out
+
+    def _runs_on_device(self, inp: ModelInput) -> bool:
+        """Whether this step can verify and draft without a host sync in between: one rank, a drafter that
+        drafts deterministically on the device, every sequence an emitting query ``[last token, drafts...]``
+        (no drafts is fine: the first step of speculation) with logits on every row. A step that verifies
+        drafts but proposes none (the policy switching to plain decoding) runs here too: the drafter then
+        only updates its state (``propose_on_device`` with ``num_speculative_tokens == 0``)."""
+        return (
+            self.device_verification
+            and self.drafter.proposes_on_device
+            and self.runner.tp.size == 1
+            and bool(inp.seq_ids)
+            and all(inp.samples)
+            and all(q == d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens))
+            and len(inp.logits_indices) == inp.num_tokens
+            and not any(self.pending_probs.get(sid) is not None for sid in inp.seq_ids)
+        )
+
+    def can_launch(self, inp: ModelInput) -> bool:
+        """Whether ``inp`` is a verification step that ``launch`` can enqueue and ``collect`` finish later
+        (a device-side step that is not FlexDraft's parallel mode)."""
+        return inp.spec_mode != "parallel" and self._runs_on_device(inp)
+
+    @torch.inference_mode()
+    def launch(self, inp: ModelInput) -> PendingSpecStep:
+        """Enqueue a device-side verification step (``can_launch``) without waiting for the device."""
+        self._forget(inp.finished_seq_ids)
+        inp.capture_layers = self.drafter.capture_layers
+        side = self.drafter.begin_step(inp)
+        assert side is None, "a launched verification step carries no side stream"
+        logits, captured = self.runner.forward(inp)
+        return self._launch_on_device(inp, logits, captured)
+
+    def _launch_on_device(
+        self, inp: ModelInput, logits: torch.Tensor, captured: list[torch.Tensor]
+    ) -> PendingSpecStep:
+        """Device-side verification step (see the class docstring). ``logits`` [T, V]: one row per input token.
+
+        Same result as the general path: target tokens come from the plain sampler, drafts are accepted iff
+        equal to them (``accept_deterministic_drafts``), and the drafter sees the same committed tokens. The
+        step's only host sync is ``collect``'s wait for the readback of emitted tokens and next drafts (+ the
+        logprobs when asked)."""
+        runner = self.runner
+        S, K = len(inp.seq_ids), max(inp.num_draft_tokens)
+        starts = _cumsum(inp.query_lens)[:-1]
+        drafts = [0] * (S * K)
+        for s, (q0, d) in enumerate(zip(starts, inp.num_draft_tokens)):
+            drafts[s * K : s * K + d] = inp.input_ids[q0 + 1 : q0 + 1 + d]
+        host = torch.tensor([*starts, *inp.num_draft_tokens, *drafts], dtype=torch.int64)
+        dev = host.to(runner.device, non_blocking=True)
+        starts_t, num_drafts_t, drafts_t = dev[:S], dev[S : 2 * S], dev[2 * S :].view(S, K)
+        meta = SamplingMetadata(inp.sampling_rows, runner.device, inp.num_logprobs)
+        target = sample(logits, meta)  # [T]
+        tokens, accepted = accept_deterministic_drafts(target, starts_t, num_drafts_t, drafts_t)
+        next_drafts, keep = self.drafter.propose_on_device(inp, tokens, accepted, captured)
+        packed = torch.cat([tokens, accepted[:, None], next_drafts, keep[:, None]], 1)  # [S, K + D + 3]
+        n = packed.numel()
+        cuda = runner.device.type == "cuda"
+        if self._readback is None or self._readback.numel() < n:
+            self._readback = torch.empty(max(n, 4096), dtype=torch.int64, pin_memory=cuda)
+        rows_host = self._readback[:n].view(packed.shape)
+        rows_host.copy_(packed, non_blocking=cuda)
+        event = None
+        if cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return PendingSpecStep(inp, rows_host, event, logits, starts, K)
+
+    def collect(self, pending: PendingSpecStep) -> ModelOutput:
+        """Wait for a launched verification step; emitted tokens, next drafts and the worker's bookkeeping."""
+        return self._collect(pending)
+
+    def _collect(self, pending: PendingSpecStep) -> ModelOutput:
+        if pending.event is not None:
+            pending.event.synchronize()
+        inp, K = pending.inp, pending.max_drafts
+        rows = pending.rows.tolist()
+        emitted = [row[: row[K + 1] + 1] for row in rows]
+        out = ModelOutput(token_ids=emitted)
+        if inp.num_logprobs is not None:
+            self.runner.attach_logprobs(out, pending.logits, pending.starts, inp.num_logprobs)
+        batch = self._draft_inputs(inp, emitted)  # the same history bookkeeping as the general path
+        k = self.drafter.num_speculative_tokens
+        out.draft_token_ids = [
+            row[K + 2 : K + 2 + min(b.num_drafts, k, row[-1])] for b, row in zip(batch, rows)
+        ]
+        for sid in inp.seq_ids:
+            self.pending_probs[sid] = None
         return out
 
     def _draft_inputs(self, inp: ModelInput, emitted: list[list[int]]) -> list[SeqDraftInput]:

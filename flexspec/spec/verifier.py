@@ -114,3 +114,25 @@ def _verify_by_target_sample(
         out.append(emitted)
         row += d + 1
     return out
+
+
+def accept_deterministic_drafts(
+    target_tokens: torch.Tensor,  # [N] int64: what plain decoding samples at each logits row
+    starts: torch.Tensor,  # [S] int64: first logits row of each sequence
+    num_drafts: torch.Tensor,  # [S] int64: drafts verified per sequence (<= K)
+    drafts: torch.Tensor,  # [S, K] int64: the drafts (columns past num_drafts ignored)
+) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [S, K + 1] int64, accepted [S] int64
+    """The deterministic-draft rule of ``_verify_by_target_sample`` on the device, without a host sync.
+
+    Sequence s owns logits rows ``starts[s] .. starts[s] + num_drafts[s]``. ``tokens[s, j]`` is the target's
+    token at row j (rows past ``num_drafts[s]`` repeat the last one); ``accepted[s]`` = a is the number of
+    leading drafts equal to it, so the step emits ``tokens[s, :a + 1]`` (a accepted drafts, then the recovered
+    or bonus token ``tokens[s, a]``).
+    """
+    K = drafts.shape[1]
+    j = torch.arange(K + 1, device=drafts.device)  # [K+1]
+    rows = starts[:, None] + torch.minimum(j[None, :], num_drafts[:, None])  # [S, K+1]
+    tokens = target_tokens[rows]  # [S, K+1]
+    match = (tokens[:, :K] == drafts) & (j[None, :K] < num_drafts[:, None])  # [S, K]
+    accepted = match.long().cumprod(1).sum(1)  # [S]
+    return tokens, accepted

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from configs import EngineConfig
@@ -23,3 +25,27 @@ def plain_128(engine):
     prompts = real_prompts(engine, n_each=7)
     outs = engine.generate(prompts, SamplingParams(max_tokens=128, temperature=0))
     return prompts, [o.token_ids for o in outs]
+
+
+@contextlib.contextmanager
+def on_worker_outputs(worker, fn):
+    """While active, ``fn(inp, out)`` sees (and may edit) every step output of the speculative ``worker``:
+    steps it executes (``execute``) and launched device-side verification steps (``collect``)."""
+    execute, collect = worker.execute, worker.collect
+
+    def executed(inp):
+        out = execute(inp)
+        if out is not None:
+            fn(inp, out)
+        return out
+
+    def collected(pending):
+        out = collect(pending)
+        fn(pending.inp, out)
+        return out
+
+    worker.execute, worker.collect = executed, collected
+    try:
+        yield
+    finally:
+        del worker.execute, worker.collect

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from configs import SamplingParams
 from configs.speculative import DFlashConfig
 from flexspec.errors import ModelLoadError
-from flexspec.spec.base import DraftProposal, SeqDraftInput
+from flexspec.spec.base import SeqDraftInput
 from flexspec.spec.dflash import DFlashDrafter
 from flexspec.spec.models.dflash_model import (
     DFlashDraftConfig,
@@ -27,7 +27,7 @@ from flexspec.spec.models.dflash_model import (
     train_attention_mask,
 )
 from tests.conftest import real_prompts
-from tests.spec.conftest import spec_engine
+from tests.spec.conftest import on_worker_outputs, spec_engine
 
 MAX_TOKENS = 32
 DECOUPLED = {"execution": "decoupled"}  # draft every step (the auto policy may switch random drafters off)
@@ -45,25 +45,25 @@ def reference(engine) -> tuple[list[list[int]], list[list[int]]]:
 def assert_exact_with_oracle(eng, prompts: list[list[int]], ref: list[list[int]]) -> None:
     """Generate with the drafter's proposals partly replaced by the true continuation (0..k correct leading
     drafts, varying per step, the rest the drafter's own), so that accepted runs of every length, rejections
-    at every position and the drafter's multi-row context updates all occur; output must equal ``ref``."""
-    drafter = eng.executor.runner.spec_worker.drafter
-    propose = drafter.propose
+    at every position and the drafter's multi-row context updates all occur; output must equal ``ref``.
+    The drafts are replaced where the worker hands them to the engine, so this covers the general path
+    (verify, then ``propose``) and the device-side one (``propose_on_device``) alike."""
+    worker = eng.executor.runner.spec_worker
     truth = [list(p) + list(r) for p, r in zip(prompts, ref)]
 
-    def oracle(batch: list[SeqDraftInput], captured: list[torch.Tensor]) -> DraftProposal:
-        prop = propose(batch, captured)
-        for b, drafts in zip(batch, prop.token_ids):
-            seq = next((t for t in truth if t[: len(b.token_ids)] == b.token_ids), None)
+    def oracle(inp, out) -> None:
+        if not out.draft_token_ids:
+            return
+        emitting = [sid for sid, smp in zip(inp.seq_ids, inp.samples) if smp]
+        for sid, drafts in zip(emitting, out.draft_token_ids):
+            hist = worker.history[sid]
+            seq = next((t for t in truth if t[: len(hist)] == hist), None)
             if drafts and seq is not None:
-                keep = len(b.token_ids) % (len(drafts) + 1)
-                drafts[:keep] = seq[len(b.token_ids) : len(b.token_ids) + keep]
-        return prop
+                keep = len(hist) % (len(drafts) + 1)
+                drafts[:keep] = seq[len(hist) : len(hist) + keep]
 
-    drafter.propose = oracle
-    try:
+    with on_worker_outputs(worker, oracle):
         outs = eng.generate(prompts, GREEDY)
-    finally:
-        drafter.propose = propose
     assert [o.token_ids for o in outs] == ref
     m = eng.spec_metrics
     assert m.num_drafts > 0 and m.num_accepted_tokens > 0, m.as_dict()
@@ -271,12 +271,25 @@ def dflash_engine(dflash_dir):
     return spec_engine({"method": "dflash", "model": str(dflash_dir), **DECOUPLED}, max_model_len=512)
 
 
-def test_loaded_checkpoint_is_exact_with_accepted_runs_in_a_mixed_batch(engine, dflash_engine):
+@pytest.mark.parametrize("device_verification", [True, False], ids=["device-side", "general"])
+def test_loaded_checkpoint_is_exact_with_accepted_runs_in_a_mixed_batch(
+    engine, dflash_engine, device_verification
+):
     prompts, ref = reference(engine)
-    drafter = dflash_engine.executor.runner.spec_worker.drafter
+    worker = dflash_engine.executor.runner.spec_worker
+    drafter = worker.drafter
     assert drafter.num_speculative_tokens == 3  # block_size - 1 caps the config's default 15
     assert drafter.capture_layers == (1, 14, 27) and drafter.memory_bytes() > 0
-    assert_exact_with_oracle(dflash_engine, prompts, ref)
+    worker.device_verification = device_verification
+    on_device = worker._launch_on_device
+    calls = []
+    worker._launch_on_device = lambda *a: calls.append(1) or on_device(*a)
+    try:
+        assert_exact_with_oracle(dflash_engine, prompts, ref)
+    finally:
+        worker.device_verification = True
+        del worker._launch_on_device
+    assert bool(calls) == device_verification  # the path under test is the one that ran
 
 
 def test_sampling_with_deterministic_drafts_is_reproducible(engine, dflash_engine):

@@ -27,8 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from configs import SamplingParams
-from flexspec.spec.base import DraftProposal, SeqDraftInput
-from tests.spec.conftest import spec_engine
+from tests.spec.conftest import on_worker_outputs, spec_engine
 from tests.spec.test_dspark import dspark_dir  # noqa: F401  (random-init DSpark checkpoint, block 4)
 from tests.spec.test_eagle3 import eagle_dir  # noqa: F401  (random-init EAGLE-3 checkpoint)
 from tests.spec.test_mtp import tiny_target  # noqa: F401  (random 2-layer Llama, the default tokenizer)
@@ -76,16 +75,18 @@ def oracle_drafts(eng, prompts: list[list[int]], ref: list[list[int]]):
     ``keep`` in 0..k varies with (sequence, length): each of 0..k-1 with probability 1/(3k), k with the rest
     (full runs are the cheap ones; a rejection at every position still occurs dozens of times per case).
     Yields a dict: ``own`` counts the drafter's own correct leading drafts, ``replaced`` the drafts replaced."""
-    drafter = eng.executor.runner.spec_worker.drafter
-    propose = drafter.propose
+    worker = eng.executor.runner.spec_worker
     truth = [list(p) + list(r) for p, r in zip(prompts, ref)]
     stats = {"own": 0, "replaced": 0}
 
-    def oracle(batch: list[SeqDraftInput], captured: list[torch.Tensor]) -> DraftProposal:
-        prop = propose(batch, captured)
-        for b, drafts in zip(batch, prop.token_ids):
-            n = len(b.token_ids)
-            seq = next((t for t in truth if t[:n] == b.token_ids), None)
+    def oracle(inp, out) -> None:  # drafts are replaced where the worker hands them to the engine (all paths)
+        if not out.draft_token_ids:
+            return
+        emitting = [sid for sid, smp in zip(inp.seq_ids, inp.samples) if smp]
+        for sid, drafts in zip(emitting, out.draft_token_ids):
+            hist = worker.history[sid]
+            n = len(hist)
+            seq = next((t for t in truth if t[:n] == hist), None)
             if not drafts or seq is None:
                 continue
             right = seq[n : n + len(drafts)]
@@ -93,16 +94,12 @@ def oracle_drafts(eng, prompts: list[list[int]], ref: list[list[int]]):
                 (j for j, (d, t) in enumerate(zip(drafts, right)) if d != t), min(len(drafts), len(right))
             )
             stats["own"] += own
-            keep = min(hash((b.seq_id, n)) % (3 * len(drafts)), len(drafts), len(right))
+            keep = min(hash((sid, n)) % (3 * len(drafts)), len(drafts), len(right))
             stats["replaced"] += keep
             drafts[:keep] = right[:keep]
-        return prop
 
-    drafter.propose = oracle
-    try:
+    with on_worker_outputs(worker, oracle):
         yield stats
-    finally:
-        drafter.propose = propose
 
 
 DECOUPLED = {"execution": "decoupled"}

@@ -24,7 +24,7 @@ def test_plain_steps_between_speculative_steps_are_launched_and_exact(plain_128,
     prompts, want = prompts[::5], [w[:48] for w in want[::5]]
     eng = spec_engine(spec, max_num_seqs=8)
     decide = eng.policy.decide
-    calls = {"decisions": 0, "launched": 0, "executed": 0}
+    calls = {"decisions": 0, "launched": 0, "executed": 0, "plain_launched": 0, "speculative": 0}
 
     def every_third_plain(sched):  # the policy's choice, except every third step decodes plainly
         calls["decisions"] += 1
@@ -35,6 +35,9 @@ def test_plain_steps_between_speculative_steps_are_launched_and_exact(plain_128,
     def counted(name, fn):
         def wrapper(inp):
             calls[name] += 1
+            plain = inp.num_speculative_tokens == 0 and not any(inp.num_draft_tokens)
+            calls["plain_launched"] += plain and name == "launched"
+            calls["speculative"] += inp.num_speculative_tokens > 0
             return fn(inp)
 
         return wrapper
@@ -44,7 +47,9 @@ def test_plain_steps_between_speculative_steps_are_launched_and_exact(plain_128,
     eng.executor.execute = counted("executed", execute)
     outs = eng.generate(prompts, SamplingParams(max_tokens=48, temperature=0))
     assert [o.token_ids for o in outs] == want
-    assert calls["launched"] > 0 and calls["executed"] > 0  # both kinds of step ran
+    # Plain steps were launched, speculative ones ran too (executed, or launched as device-side verification
+    # steps: DFlash, FlexDraft decoupled).
+    assert calls["plain_launched"] > 0 and calls["speculative"] > 0, calls
     assert eng.spec_metrics.num_accepted_tokens > 0  # speculation still accepted drafts after plain steps
     assert eng.block_manager.usage == 0.0
 

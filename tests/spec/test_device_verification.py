@@ -1,0 +1,107 @@
+"""Device-side verification steps (``SpecDecodeWorker.launch`` / ``collect``): the acceptance test on the device
+equals the host rule, and an engine verifying + drafting without a host sync in between emits the same tokens
+and the same drafts as one that verifies on the host first (issue 6: the batch-1 speculative step)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from configs import SamplingParams
+from flexspec.engine.sampler import SamplingMetadata
+from flexspec.spec.metrics import SpecDecodingMetrics
+from flexspec.spec.verifier import _verify_by_target_sample, accept_deterministic_drafts
+from tests.spec.conftest import on_worker_outputs, spec_engine
+
+SPECS = {
+    "dflash": {"method": "dflash", "model": "smollm2-135m-instruct-dflash"},
+    "flexdraft": {"method": "flexdraft", "model": "smollm2-135m-instruct-flexdraft"},
+}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_device_acceptance_equals_the_host_rule(seed):
+    g = torch.Generator().manual_seed(seed)
+    S, K, V = 7, 5, 4  # a tiny vocabulary so that drafts often match
+    num_drafts = torch.randint(0, K + 1, (S,), generator=g)
+    N = int((num_drafts + 1).sum())
+    logits = torch.randn(N, V, generator=g)
+    target = logits.argmax(-1)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), (num_drafts + 1).cumsum(0)[:-1]])
+    drafts = torch.randint(0, V, (S, K), generator=g)
+    for s in range(S):  # plant runs of correct drafts of every length
+        a = int(torch.randint(0, int(num_drafts[s]) + 1, (1,), generator=g))
+        drafts[s, :a] = target[starts[s] : starts[s] + a]
+    tokens, accepted = accept_deterministic_drafts(target, starts, num_drafts, drafts)
+    meta = SamplingMetadata([(0.0, 1.0, -1, 0, 0)] * N, torch.device("cpu"))
+    host = _verify_by_target_sample(
+        logits, meta, num_drafts.tolist(), [drafts[s, : int(num_drafts[s])].tolist() for s in range(S)]
+    )
+    assert [tokens[s, : int(accepted[s]) + 1].tolist() for s in range(S)] == host
+    assert all(len(h) == int(a) + 1 for h, a in zip(host, accepted))
+
+
+def _run(eng, prompts, params, device_verification: bool):
+    worker = eng.executor.runner.spec_worker
+    worker.device_verification = device_verification
+    steps: list[tuple[list[list[int]], list[list[int]]]] = []
+    on_device = worker._launch_on_device
+    used = []
+    worker._launch_on_device = lambda *a: used.append(1) or on_device(*a)
+    try:
+        with on_worker_outputs(worker, lambda inp, out: steps.append((out.token_ids, out.draft_token_ids))):
+            eng.spec_metrics = SpecDecodingMetrics()
+            outs = [o.token_ids for o in eng.generate(prompts, params)]
+        return outs, steps, eng.spec_metrics.as_dict(), len(used)
+    finally:
+        del worker._launch_on_device
+        worker.device_verification = True
+
+
+@pytest.fixture(scope="module", params=sorted(SPECS))
+def spec_eng(request):
+    """A decoupled engine with a shipped drafter (DFlash, then FlexDraft): real acceptance, so accepted runs
+    of many lengths occur."""
+    spec = {**SPECS[request.param], "execution": "decoupled", "num_speculative_tokens": 7}
+    return spec_engine(spec, max_num_seqs=8)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_device_side_steps_equal_host_verification_and_plain_decoding(plain_128, spec_eng, batch):
+    prompts, want = plain_128
+    prompts, want = prompts[:batch], [w[:40] for w in want[:batch]]
+    params = SamplingParams(max_tokens=40, temperature=0)
+    dev_out, dev_steps, dev_metrics, n_device = _run(spec_eng, prompts, params, True)
+    host_out, host_steps, host_metrics, n_host = _run(spec_eng, prompts, params, False)
+    assert dev_out == host_out == want
+    assert dev_steps == host_steps  # every step's emitted tokens and next drafts
+    assert dev_metrics == host_metrics and dev_metrics["num_accepted_tokens"] > 0
+    assert n_device > 0 and n_host == 0
+
+
+def test_device_side_steps_equal_host_verification_when_sampling(plain_128, spec_eng):
+    """T > 0: both paths sample the target with the plain sampler's seeded noise, so they agree token for
+    token (and a seeded request is reproducible)."""
+    prompts = plain_128[0][:4]
+    params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=11)
+    dev_out, dev_steps, _, n_device = _run(spec_eng, prompts, params, True)
+    host_out, host_steps, _, _ = _run(spec_eng, prompts, params, False)
+    assert dev_out == host_out and dev_steps == host_steps and n_device > 0
+
+
+def test_logprobs_on_device_side_steps(spec_eng):
+    eng = spec_eng
+    prompt = eng.apply_chat_template([{"role": "user", "content": "Count from 1 to 20."}])
+    params = SamplingParams(max_tokens=24, temperature=0, logprobs=2)
+    got = {}
+    for flag in (True, False):
+        eng.executor.runner.spec_worker.device_verification = flag
+        eng.add_request(prompt, params, request_id=f"lp-{flag}")
+        tokens, logprobs = [], []
+        while eng.has_unfinished:
+            for o in eng.step():
+                tokens += o.new_token_ids
+                logprobs += [round(lp.logprob, 4) for lp in o.new_logprobs]
+        got[flag] = (tokens, logprobs)
+    eng.executor.runner.spec_worker.device_verification = True
+    assert got[True] == got[False] and len(got[True][1]) == len(got[True][0]) == 24
