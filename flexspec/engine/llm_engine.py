@@ -310,8 +310,15 @@ class LLMEngine:
             raise RuntimeError(f"step returned {len(out.token_ids)} token rows for {i} sampling sequences")
         self.spec_metrics.merge(step_metrics)
         if self.policy is not None and all(inp.samples):
+            # Only decode steps time a mode: a step that also prefills a prompt costs what its prompt costs
+            # (eager, 10-20x a decode step on the H200), and recorded as the mode's time it locked that mode
+            # out of batches with request turnover.
+            decode = all(s.num_new_tokens == 1 + s.num_draft_tokens for s in sched.scheduled)
             self.policy.observe(
-                inp.spec_mode, len(sched.scheduled), period, step_metrics.per_position_acceptance
+                inp.spec_mode,
+                len(sched.scheduled),
+                period if decode else None,
+                step_metrics.per_position_acceptance,
             )
         early: list[RequestOutput] = []
         if self.overlaps_output_processing and self.scheduler.has_unfinished:

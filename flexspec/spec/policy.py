@@ -235,17 +235,20 @@ class SpeculationPolicy:
 
     # ---- feedback -------------------------------------------------------------------------------------------
     def observe(
-        self, mode: str, num_seqs: int, seconds: float, per_position_acceptance: list[float] | None
+        self, mode: str, num_seqs: int, seconds: float | None, per_position_acceptance: list[float] | None
     ) -> None:
-        """Record one decode step's wall time (steps with prefill chunks are not representative: skip them).
+        """Record one step's wall time and acceptance. ``seconds`` is None for steps that are not pure decode
+        steps (a prompt prefilled in the same step makes it unrepresentative; the engine leaves those out).
 
         The time is recorded only when this step's decision equals the previous one (see the module doc);
         acceptance is recorded for every step that verified drafts."""
         previous = self.last_modes[0] if len(self.last_modes) == 2 else mode
-        if previous == mode and self.forced is not None:
-            self.profile.setdefault((mode, batch_bucket(num_seqs)), []).append(seconds)
-        elif previous == mode:
-            self.step_times.setdefault((mode, batch_bucket(num_seqs)), _Stat()).add(seconds)
+        if seconds is not None and previous == mode:
+            key = (mode, batch_bucket(num_seqs))
+            if self.forced is not None:
+                self.profile.setdefault(key, []).append(seconds)
+            else:
+                self.step_times.setdefault(key, _Stat()).add(seconds)
         if per_position_acceptance:
             n = max(len(self.acceptance), len(per_position_acceptance))
             step = per_position_acceptance + [0.0] * (n - len(per_position_acceptance))  # no draft there: 0
