@@ -1,8 +1,9 @@
 """The worker side of speculative decoding: target forward -> verification -> drafting, in one call.
 
 Runs on every TP rank next to the target shard (the drafter is co-located, so it reads the target's hidden
-states in place). Verification happens on rank 0 and its result is broadcast, so every rank's drafter sees
-the same accepted tokens.
+states in place). On the general path verification happens on rank 0 and its result is broadcast, so every
+rank's drafter sees the same accepted tokens; device-side verification steps (one rank, see
+``SpecDecodeWorker``) keep the accepted tokens on the device until the step's single readback.
 """
 
 from __future__ import annotations
