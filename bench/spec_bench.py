@@ -216,9 +216,11 @@ def run_engine_system(
         # Then a short run at every measured batch size: prefills of 1, 4, 16, ... prompts at once have their
         # own shapes (eager kernels compile per shape class); a first compile inside a timed point cost ~1.4 s
         # (a 0.2-0.4x outlier at b=4 in earlier runs).
+        # Twice as many requests as the batch holds, so that new requests also join a running batch (mixed
+        # prefill + decode steps, the shapes of a point with --requests-per-batch > 1).
         short = SamplingParams(max_tokens=8, temperature=args.temperature, ignore_eos=True, seed=args.seed)
         for b in args.batch_sizes:
-            run_closed_loop(engine, timers, cycle_to(first, b), [short] * b, b, "warm-up", False)
+            run_closed_loop(engine, timers, cycle_to(first, 2 * b), [short] * (2 * b), b, "warm-up", False)
     for dataset, ds_prompts in prompts.items():
         for b in args.batch_sizes:
             point = {
