@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from configs.speculative import SpeculativeConfig
 
@@ -44,6 +44,12 @@ class EngineConfig(BaseModel):
     cuda_graph_batch_sizes: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64],
         description="Decode batch sizes captured as CUDA graphs.",
+    )
+    cuda_graph_num_tokens: list[PositiveInt] = Field(
+        default_factory=lambda: [32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536],
+        description="Token counts captured as CUDA graphs for steps that prefill (prompts, chunked prefill, "
+        "prefill mixed with decode): a step replays the smallest count that holds its tokens (padding at most "
+        "1.5x); max_num_batched_tokens is always added. [] = such steps run eagerly.",
     )
     seed: int = Field(0, description="Global seed for requests without their own.")
     trust_remote_code: bool = Field(

@@ -305,3 +305,159 @@ class BatchGraphs:
                 buf[batch:bs].fill_(self.pads[name])
         self.graphs[bs].replay()
         return tuple(o[:batch] for o in self.outputs[bs])
+
+
+def stage_mixed_inputs(
+    stage: StagedInputs, inp: ModelInput, num_tokens: int, num_seqs: int, max_blocks: int
+) -> None:
+    """Write ``inp`` into ``stage``'s host regions in a ``MixedGraphs`` layout of ``num_tokens`` rows and
+    ``num_seqs`` sequences: the real tokens first, in the input's order; the ``num_tokens - T`` pad tokens form
+    one dummy sequence after the real ones (context 0, slot -1: nothing read from the cache, nothing written;
+    causal attention keeps them away from real rows); the remaining sequences are empty (query length 0).
+
+    Regions written: input_ids, positions, slot_mapping [num_tokens]; context_lens [num_seqs]; query_start_loc
+    [num_seqs + 1]; block_tables rows [S]; logits_rows [N].
+    """
+    T, S = inp.num_tokens, len(inp.query_lens)
+    ids, pos, slots = stage.host("input_ids"), stage.host("positions"), stage.host("slot_mapping")
+    ids[:T], pos[:T], slots[:T] = inp.input_ids, inp.positions, inp.slot_mapping
+    ids[T:num_tokens], pos[T:num_tokens], slots[T:num_tokens] = 0, 0, -1
+    qsl = stage.host("query_start_loc")
+    qsl[0] = 0
+    qsl[1 : S + 1] = np.cumsum(inp.query_lens)
+    qsl[S + 1 :] = num_tokens  # the dummy sequence ends at num_tokens; the ones after it are empty
+    ctx = stage.host("context_lens")
+    ctx[:S] = inp.context_lens
+    ctx[S:num_seqs] = 0
+    tables = stage.host("block_tables").reshape(-1, max_blocks)
+    for s, b in enumerate(inp.block_tables):  # columns past a row's context are never read
+        tables[s, : len(b)] = b
+    stage.host("logits_rows")[: len(inp.logits_indices)] = inp.logits_indices
+
+
+class MixedGraphs:
+    """CUDA graphs of the model body for steps of any shape: prefill, chunked prefill, and prefill mixed with
+    decode or verification queries, captured for a fixed set of token counts.
+
+    Such a step run eagerly launches every layer's kernels from Python (~560 launches for a 30-layer model:
+    ~20 ms of host time for ~2 ms of GPU work on the H200, bench/results/h200-2026-12-01-s8/profile); with
+    request turnover each arriving request costs one. A step of T tokens and S sequences replays the graph of
+    the smallest captured token count ``>= T`` (layout: ``stage_mixed_inputs``). The attention kernel's grid
+    depends only on the token and sequence counts, and its tile sizes are those of the longest possible query
+    (``max_query_len`` = the token count), so one graph serves every split of its tokens into sequences. The
+    LM head runs eagerly on the rows that need logits (two launches; no [T, V] buffer per graph).
+
+    With ``capture=False`` nothing is captured and ``run`` executes the same padded step eagerly (the layout's
+    CPU tests; any device).
+
+    Vocabulary as in vLLM's piecewise / full CUDA graphs (vllm/v1/worker/gpu_model_runner.py,
+    ``cudagraph_capture_sizes`` in tokens); unlike vLLM's piecewise mode, attention is inside the graph.
+
+    Args:
+        runner: the model runner (its model, KV cache and limits).
+        num_tokens: token counts to capture (each ``<= max_num_batched_tokens``).
+        capture_layers: target layers whose outputs the step returns (a drafter's inputs).
+        pool: a graph memory pool to share.
+        capture: capture CUDA graphs (False: run padded steps eagerly).
+
+    Raises:
+        RuntimeError: from capture when the forward cannot be captured (callers run eagerly).
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        num_tokens: list[int],
+        capture_layers: tuple[int, ...] = (),
+        pool=None,
+        capture: bool = True,
+    ) -> None:
+        self.runner = runner
+        self.capture_layers = tuple(capture_layers)
+        self.sizes = sorted(set(num_tokens))
+        T = self.max_tokens = self.sizes[-1]
+        S = self.num_seqs = runner.config.max_num_seqs + 1  # + the dummy sequence of pad tokens
+        self.max_blocks = runner.max_blocks_per_seq
+        dev = runner.device
+        self.stage = StagedInputs(
+            {
+                "input_ids": T,
+                "positions": T,
+                "slot_mapping": T,
+                "context_lens": S,
+                "query_start_loc": S + 1,
+                "block_tables": S * self.max_blocks,
+                "logits_rows": T,  # row of each requested logits row (real rows keep their index)
+            },
+            dev,
+        )
+        self.stage.host("slot_mapping")[:] = -1
+        self.stage.send()
+        self.block_tables = torch.zeros(S, self.max_blocks, dtype=torch.int32, device=dev)  # [S, max_blocks]
+        self.context_lens = torch.zeros(S, dtype=torch.int32, device=dev)  # [S]
+        self.query_start_loc = torch.zeros(S + 1, dtype=torch.int32, device=dev)  # [S + 1]
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.hidden: dict[int, torch.Tensor] = {}  # num_tokens -> [num_tokens, H]
+        self.captured: dict[int, list[torch.Tensor]] = {}  # num_tokens -> [num_tokens, H] per capture layer
+        self.pool = pool
+        if capture:
+            self._capture()
+
+    def _step(self, n: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """What the graph of ``n`` tokens runs: cast the staged int64 metadata, then the model body."""
+        st = self.stage
+        self.context_lens.copy_(st.on_device("context_lens"))
+        self.query_start_loc.copy_(st.on_device("query_start_loc"))
+        self.block_tables.copy_(st.on_device("block_tables").view(self.num_seqs, self.max_blocks))
+        meta = AttentionMetadata(
+            positions=st.on_device("positions")[:n],
+            slot_mapping=st.on_device("slot_mapping")[:n],
+            block_tables=self.block_tables,
+            context_lens=self.context_lens,
+            query_start_loc=self.query_start_loc,
+            max_query_len=n,
+        )
+        return self.runner.model(st.on_device("input_ids")[:n], meta, capture_layers=self.capture_layers)
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        for n in reversed(self.sizes):  # largest first so smaller graphs reuse its memory pool
+            for _ in range(2):  # warm up (Triton compile) outside the graph
+                self._step(n)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.hidden[n], self.captured[n] = self._step(n)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[n] = graph
+        torch.cuda.synchronize()
+
+    def can_run(self, inp: ModelInput) -> bool:
+        T = inp.num_tokens
+        return (
+            0 < T <= self.max_tokens
+            and len(inp.query_lens) < self.num_seqs  # room for the dummy sequence of pad tokens
+            and tuple(inp.capture_layers) == self.capture_layers
+            and all(len(b) <= self.max_blocks for b in inp.block_tables)
+        )
+
+    def size_for(self, num_tokens: int) -> int:
+        """The captured token count a step of ``num_tokens`` replays (the smallest that holds it)."""
+        return next(n for n in self.sizes if n >= num_tokens)
+
+    def run(self, inp: ModelInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Replay the graph for ``inp`` (``can_run``); returns (final hidden states of ``inp.logits_indices``
+        [N, H], captured [T, H] each: copies, valid after later replays). The caller applies the LM head."""
+        T, N = inp.num_tokens, len(inp.logits_indices)
+        n = self.size_for(T)
+        self.stage.wait_sent()
+        stage_mixed_inputs(self.stage, inp, n, self.num_seqs, self.max_blocks)
+        self.stage.send()
+        if self.graphs:
+            self.graphs[n].replay()
+            hidden, captured = self.hidden[n], self.captured[n]
+        else:
+            hidden, captured = self._step(n)
+        rows = hidden[self.stage.on_device("logits_rows")[:N]]
+        return rows, [c[:T].clone() for c in captured]

@@ -10,7 +10,7 @@ import torch
 
 from configs.engine import EngineConfig
 from flexspec.distributed import TPGroup
-from flexspec.engine.cuda_graphs import DecodeGraphs
+from flexspec.engine.cuda_graphs import DecodeGraphs, MixedGraphs
 from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.sampler import SamplingMetadata, compute_logprobs, sample
 from flexspec.errors import ConfigError
@@ -32,6 +32,8 @@ class PendingStep:
     logits: torch.Tensor  # [N, V] fp32 on the device (for logprobs at collect time)
     num_logprobs: int | None
 
+
+MIXED_GRAPH_MAX_ERROR = 0.1  # graph vs eager logits, per row: bf16 tile-order noise ~1e-2; a wrong layout ~1
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -99,6 +101,7 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-config.max_model_len // self.block_size)
         self.num_kv_blocks = 0
         self.graphs: list[DecodeGraphs] = []  # by query length: plain decode (1) and verification (1 + K)
+        self.mixed_graphs: MixedGraphs | None = None  # steps that prefill (any split of <= N tokens)
         self.spec_worker = None
         self._tokens_host: torch.Tensor | None = None  # pinned readback buffer of sampled token ids
         if config.speculative_config is not None:
@@ -162,6 +165,7 @@ class ModelRunner:
             log.warning("decode CUDA graphs not captured (%s: %s); running eagerly", type(e).__name__, e)
             self.graphs = []
             return
+        self.capture_mixed_graphs()
         if self.spec_worker is None:
             return
         drafter = self.spec_worker.drafter
@@ -185,6 +189,70 @@ class ModelRunner:
             drafter.capture_graphs(sizes)
         except Exception as e:  # noqa: BLE001 - the drafter keeps drafting eagerly
             log.warning("drafter CUDA graphs not captured (%s: %s); drafting eagerly", type(e).__name__, e)
+
+    def mixed_graph_num_tokens(self) -> list[int]:
+        """Token counts to capture as ``MixedGraphs``: ``cuda_graph_num_tokens`` below the step token budget,
+        plus the budget itself so that every step fits (empty when the setting is empty)."""
+        budget = self.config.max_num_batched_tokens
+        sizes = [n for n in self.config.cuda_graph_num_tokens if n < budget]
+        return sorted({*sizes, budget}) if self.config.cuda_graph_num_tokens else []
+
+    def capture_mixed_graphs(self) -> None:
+        """Capture ``MixedGraphs`` (steps that prefill) with the drafter's target layers, then check one replay
+        of a chunked-prefill + decode + verification step against the eager forward; on any failure those
+        steps run eagerly."""
+        sizes = self.mixed_graph_num_tokens()
+        if not sizes:
+            return
+        layers = tuple(self.spec_worker.drafter.capture_layers) if self.spec_worker is not None else ()
+        try:
+            graphs = MixedGraphs(self, sizes, capture_layers=layers)
+            err = self._check_mixed_graphs(graphs)
+        except Exception as e:  # noqa: BLE001 - never fail serving because capture failed: run eagerly
+            log.warning(
+                "mixed-step CUDA graphs not captured (%s: %s); prefill steps run eagerly", type(e).__name__, e
+            )
+            return
+        if not err < MIXED_GRAPH_MAX_ERROR:
+            log.warning(
+                "mixed-step CUDA graphs disagree with the eager forward (relative logits error %.3g); prefill "
+                "steps run eagerly",
+                err,
+            )
+            return
+        self.mixed_graphs = graphs
+
+    @torch.inference_mode()
+    def _check_mixed_graphs(self, graphs: MixedGraphs) -> float:
+        """Largest relative error (L2, per row) of graph vs eager logits on a step that reads and writes the KV cache:
+        sequence 0 prefills 40 tokens eagerly (blocks 0-2), then one step holds its next token (decode), a
+        4-token query on the same context (verification; slots -1) and a 23-token prompt (blocks 3-4). Nothing
+        else is in the cache yet: the blocks written here are overwritten before any request reads them."""
+        bs, ids = self.block_size, lambda n, o: [(7 * i + o) % self.spec.vocab_size for i in range(n)]
+        slots = lambda blocks, n: [blocks[i // bs] * bs + i % bs for i in range(n)]
+        ctx_blocks = list(range(-(-41 // bs)))
+        new_blocks = [len(ctx_blocks) + i for i in range(-(-23 // bs))]
+        if new_blocks[-1] >= self.num_kv_blocks:
+            return 0.0  # too small a cache to check (tests): trust the capture
+        first = ModelInput(
+            input_ids=ids(40, 1), positions=list(range(40)), slot_mapping=slots(ctx_blocks, 40),
+            block_tables=[ctx_blocks], context_lens=[0], query_lens=[40], logits_indices=[39],
+        )  # fmt: skip
+        self.forward(first)
+        step = ModelInput(
+            input_ids=[11, *ids(4, 3), *ids(23, 5)],
+            positions=[40, *range(40, 44), *range(23)],
+            slot_mapping=[slots(ctx_blocks, 41)[40], -1, -1, -1, -1, *slots(new_blocks, 23)],
+            block_tables=[ctx_blocks, ctx_blocks, new_blocks],
+            context_lens=[40, 40, 0],
+            query_lens=[1, 4, 23],
+            logits_indices=list(range(28)),
+            capture_layers=graphs.capture_layers,
+        )
+        rows, _ = graphs.run(step)
+        got = self.model.compute_logits(rows)
+        want, _ = self.forward(step)  # eager: self.mixed_graphs is not set yet
+        return float(((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-6)).max())
 
     @torch.inference_mode()
     def _profile_peak(self) -> None:
@@ -241,6 +309,9 @@ class ModelRunner:
             for graphs in self.graphs:
                 if graphs.can_run(inp):
                     return graphs.run(inp)
+            if self.mixed_graphs is not None and self.mixed_graphs.can_run(inp):
+                rows, captured = self.mixed_graphs.run(inp)
+                return self.model.compute_logits(rows), captured
         input_ids, meta = self.build_metadata(inp)
         kwargs = {"side": side} if side is not None else {}
         hidden, captured = self.model(input_ids, meta, capture_layers=inp.capture_layers, **kwargs)

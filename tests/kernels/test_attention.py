@@ -302,3 +302,12 @@ def test_realistic_mixed_batch_on_gpu(masks):
         for max_query_len in (None, 512):
             got = paged_attention(**b, max_query_len=max_query_len, **kw)  # auto -> Triton on CUDA
             torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_mixed_graph_layout(device):
+    """``MixedGraphs``' layout: real sequences (decode, verification, prefill), one dummy sequence holding the
+    pad tokens (context 0), then empty sequences, with the tile sizes of the graph's whole token count."""
+    b = _make_batch([12, 4, 0, 0, 0, 0], [1, 9, 14, 40, 0, 0], device=device)
+    expected = paged_attention_ref(**b)
+    got = paged_attention_triton(**b, max_query_len=64)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

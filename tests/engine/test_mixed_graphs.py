@@ -1,0 +1,131 @@
+"""Steps that prefill replay ``MixedGraphs`` (issue 2; issue 6: run eagerly, each such step cost ~20 ms of host
+time on the H200). CUDA graphs run only on a GPU; here the same padded layout runs eagerly (``capture=False``):
+it gives the eager forward's logits, engines whose every prefill step takes it emit plain greedy outputs, and
+the capture-time self-check that guards the GPU path catches a wrong layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flexspec.engine.cuda_graphs as cuda_graphs
+from configs import EngineConfig, SamplingParams
+from flexspec.engine.cuda_graphs import MixedGraphs, StagedInputs, stage_mixed_inputs
+from flexspec.engine.llm_engine import LLMEngine
+from flexspec.engine.model_runner import MIXED_GRAPH_MAX_ERROR
+from tests.conftest import DEFAULT_MODEL, real_prompts
+from tests.engine.test_graph_inputs import MAX_BLOCKS, make_input
+from tests.spec.conftest import spec_engine
+
+
+def test_staged_mixed_layout():
+    T, S = 64, 6
+    sizes = {"input_ids": T, "positions": T, "slot_mapping": T, "context_lens": S, "query_start_loc": S + 1,
+             "block_tables": S * MAX_BLOCKS, "logits_rows": T}  # fmt: skip
+    stage = StagedInputs(sizes, torch.device("cpu"))
+    for name in sizes:  # garbage from an earlier, larger step must not leak into this one
+        stage.host(name)[:] = 99
+    inp = make_input([1, 4, 23], "all")
+    stage_mixed_inputs(stage, inp, T, S, MAX_BLOCKS)
+    stage.send()
+    dev = stage.on_device
+    n = inp.num_tokens
+    assert dev("input_ids").tolist() == inp.input_ids + [0] * (T - n)
+    assert dev("positions").tolist() == inp.positions + [0] * (T - n)
+    assert dev("slot_mapping").tolist() == inp.slot_mapping + [-1] * (T - n)
+    assert dev("query_start_loc").tolist() == [0, 1, 5, 28, T, T, T]  # dummy sequence [28, 64), then empty
+    assert dev("context_lens").tolist() == inp.context_lens + [0] * (S - 3)
+    tables = dev("block_tables").view(S, MAX_BLOCKS)
+    for s, row in enumerate(inp.block_tables):
+        assert tables[s, : len(row)].tolist() == row
+    assert dev("logits_rows")[:n].tolist() == inp.logits_indices
+
+
+def _runner(engine):
+    return engine.executor.runner
+
+
+def test_padded_step_equals_eager_forward(engine):
+    """The self-check's step (decode + verification query reading the cache, and a prompt) through the padded
+    layout of a 64-token graph: the same logits as the unpadded eager forward (fp32)."""
+    runner = _runner(engine)
+    graphs = MixedGraphs(runner, [32, 64], capture_layers=(2, 17), capture=False)
+    assert runner._check_mixed_graphs(graphs) < 1e-4
+
+
+def test_self_check_catches_a_wrong_layout(engine, monkeypatch):
+    runner = _runner(engine)
+    graphs = MixedGraphs(runner, [64], capture=False)
+    stage = cuda_graphs.stage_mixed_inputs
+
+    def forgets_the_context(st, inp, *args):  # e.g. a layout bug that drops the cached context
+        stage(st, inp, *args)
+        st.host("context_lens")[:] = 0
+
+    monkeypatch.setattr(cuda_graphs, "stage_mixed_inputs", forgets_the_context)
+    assert runner._check_mixed_graphs(graphs) > MIXED_GRAPH_MAX_ERROR
+
+
+def test_capture_sizes_always_hold_the_step_budget():
+    cfg = EngineConfig(device="cpu", max_num_batched_tokens=300, cuda_graph_num_tokens=[64, 256, 512])
+    from flexspec.engine.model_runner import ModelRunner
+
+    runner = ModelRunner.__new__(ModelRunner)  # only the config is read
+    runner.config = cfg
+    assert runner.mixed_graph_num_tokens() == [64, 256, 300]
+    runner.config = cfg.model_copy(update={"cuda_graph_num_tokens": []})
+    assert runner.mixed_graph_num_tokens() == []
+
+
+def _through_mixed_layout(eng: LLMEngine) -> dict[int, int]:
+    """Send every step that no decode graph takes through the padded layout; returns token count -> steps."""
+    runner = _runner(eng)
+    layers = tuple(runner.spec_worker.drafter.capture_layers) if runner.spec_worker is not None else ()
+    graphs = MixedGraphs(runner, runner.mixed_graph_num_tokens(), capture_layers=layers, capture=False)
+    used: dict[int, int] = {}
+    run = graphs.run
+
+    def counted(inp):
+        n = graphs.size_for(inp.num_tokens)
+        used[n] = used.get(n, 0) + 1
+        return run(inp)
+
+    graphs.run = counted
+    runner.mixed_graphs = graphs
+    return used
+
+
+@pytest.fixture(scope="module")
+def turnover_case(engine):
+    """12 real prompts, 24 greedy tokens each, and the plain engine's outputs for them."""
+    prompts = real_prompts(engine, n_each=4)
+    params = SamplingParams(max_tokens=24, temperature=0)
+    return prompts, params, [o.token_ids for o in engine.generate(prompts, params)]
+
+
+def test_plain_engine_prefill_steps_through_mixed_layout(turnover_case):
+    """4 sequences at a time with a 64-token step budget: prompts are chunked (and their chunks share steps
+    with decodes); every one of those steps takes the padded layout and the outputs stay exact."""
+    prompts, params, want = turnover_case
+    eng = LLMEngine(EngineConfig(model=DEFAULT_MODEL, max_model_len=1024, device="cpu", max_num_seqs=4,
+                                 max_num_batched_tokens=64, cuda_graph_num_tokens=[16, 32]))  # fmt: skip
+    used = _through_mixed_layout(eng)
+    assert [o.token_ids for o in eng.generate(prompts, params)] == want
+    assert set(used) == {16, 32, 64} and sum(used.values()) > len(prompts), used
+
+
+def test_dflash_engine_prefill_steps_through_mixed_layout(turnover_case):
+    """DFlash reads the target layers' outputs of every prompt token (its context K/V): with prefill steps
+    through the padded layout, outputs stay exact and drafts are accepted as often as eagerly."""
+    prompts, params, want = turnover_case
+    spec = {"method": "dflash", "model": "smollm2-135m-instruct-dflash", "num_speculative_tokens": 4,
+            "execution": "decoupled"}  # fmt: skip
+    runs = []
+    for padded in (False, True):
+        eng = spec_engine(spec, max_num_seqs=4)
+        used = _through_mixed_layout(eng) if padded else {}
+        outs = [o.token_ids for o in eng.generate(prompts, params)]
+        runs.append((outs, eng.spec_metrics.num_draft_tokens, eng.spec_metrics.num_accepted_tokens))
+    assert runs[0][0] == runs[1][0] == want
+    assert runs[0][1:] == runs[1][1:] and runs[1][2] > 0
+    assert sum(used.values()) >= len(prompts), used
