@@ -129,3 +129,23 @@ def test_dflash_engine_prefill_steps_through_mixed_layout(turnover_case):
     assert runs[0][0] == runs[1][0] == want
     assert runs[0][1:] == runs[1][1:] and runs[1][2] > 0
     assert sum(used.values()) >= len(prompts), used
+
+
+@pytest.mark.gpu
+def test_mixed_graphs_replayed_on_gpu_match_eager(turnover_case):
+    """On a GPU (fp32, so that eager and graph differ only by rounding): steps that prefill replay the captured
+    graphs, and the outputs equal an eager engine's."""
+    prompts, params, _ = turnover_case
+    args = dict(model=DEFAULT_MODEL, max_model_len=1024, device="cuda", dtype="float32", max_num_seqs=4,
+                max_num_batched_tokens=256)  # fmt: skip
+    eager = LLMEngine(EngineConfig(**args, enforce_eager=True))
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    del eager
+    eng = LLMEngine(EngineConfig(**args))
+    graphs = _runner(eng).mixed_graphs
+    assert graphs is not None and graphs.graphs
+    replays = {"n": 0}
+    run = graphs.run
+    graphs.run = lambda inp: replays.__setitem__("n", replays["n"] + 1) or run(inp)
+    assert [o.token_ids for o in eng.generate(prompts, params)] == want
+    assert replays["n"] >= len(prompts)
