@@ -1,11 +1,12 @@
 """Where a prefill (or mixed prefill + decode) step's time goes: wall time, device time, kernel count, and the
 host functions with the most own time (cProfile), for the plain engine.
 
-Usage: python scripts/profile_prefill.py [OUT_JSON] [--new-requests 1,8] [--decoding 0,56]
+Usage: python scripts/profile_prefill.py [OUT_JSON] [--new-requests 1,8] [--decoding 0,56] [--mixed-graphs on,off]
 
 Each point: ``decoding`` requests are decoding (EOS ignored) when ``new_requests`` new ones arrive; the step
 that prefills them is timed (median of 5, with a device sync), then profiled once with torch.profiler (device
-time, kernel count) and once with cProfile.
+time, kernel count) and once with cProfile. ``--mixed-graphs on,off`` profiles an engine whose prefill steps
+replay mixed-step CUDA graphs (``cuda_graph_num_tokens``, the default) and one that runs them eagerly.
 """
 
 from __future__ import annotations
@@ -37,14 +38,29 @@ def main() -> None:
     ap.add_argument("out", nargs="?")
     ap.add_argument("--new-requests", default="1,8")
     ap.add_argument("--decoding", default="0,56")
+    ap.add_argument("--mixed-graphs", default="on,off")
     args = ap.parse_args()
-    eng = LLMEngine(EngineConfig(model="smollm2-135m-instruct", max_model_len=1024, max_num_seqs=64))
-    prompt = eng.apply_chat_template([{"role": "user", "content": PROMPT}])
-    long_run = SamplingParams(max_tokens=800, temperature=0.0, ignore_eos=True)
     res: dict = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "points": [],
     }
+    for setting in args.mixed_graphs.split(","):
+        extra = {} if setting == "on" else {"cuda_graph_num_tokens": []}
+        cfg = EngineConfig(model="smollm2-135m-instruct", max_model_len=1024, max_num_seqs=64, **extra)
+        eng = LLMEngine(cfg)
+        runner = getattr(eng.executor, "runner", None)
+        captured = runner is not None and runner.mixed_graphs is not None
+        print(f"mixed graphs {setting}: captured={captured}")
+        _profile(eng, args, res, {"mixed_graphs": setting, "mixed_graphs_captured": captured})
+        del eng
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def _profile(eng: LLMEngine, args, res: dict, tags: dict) -> None:
+    prompt = eng.apply_chat_template([{"role": "user", "content": PROMPT}])
+    long_run = SamplingParams(max_tokens=800, temperature=0.0, ignore_eos=True)
     rid = 0
     for decoding in (int(x) for x in args.decoding.split(",")):
         for new in (int(x) for x in args.new_requests.split(",")):
@@ -84,6 +100,7 @@ def main() -> None:
             buf = io.StringIO()
             pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
             point = {
+                **tags,
                 "decoding": decoding,
                 "new_requests": new,
                 "prompt_tokens": len(prompt),
@@ -95,9 +112,6 @@ def main() -> None:
             res["points"].append(point)
             print(json.dumps({k: v for k, v in point.items() if k != "cprofile"}))
             print("\n".join(point["cprofile"][6:32]))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":

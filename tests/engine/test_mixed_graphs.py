@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import flexspec.engine.cuda_graphs as cuda_graphs
 from configs import EngineConfig, SamplingParams
+from flexspec.engine import cuda_graphs
 from flexspec.engine.cuda_graphs import MixedGraphs, StagedInputs, stage_mixed_inputs
 from flexspec.engine.llm_engine import LLMEngine
 from flexspec.engine.model_runner import MIXED_GRAPH_MAX_ERROR
@@ -136,12 +136,12 @@ def test_mixed_graphs_replayed_on_gpu_match_eager(turnover_case):
     """On a GPU (fp32, so that eager and graph differ only by rounding): steps that prefill replay the captured
     graphs, and the outputs equal an eager engine's."""
     prompts, params, _ = turnover_case
-    args = dict(model=DEFAULT_MODEL, max_model_len=1024, device="cuda", dtype="float32", max_num_seqs=4,
-                max_num_batched_tokens=256)  # fmt: skip
-    eager = LLMEngine(EngineConfig(**args, enforce_eager=True))
+    cfg = EngineConfig(model=DEFAULT_MODEL, max_model_len=1024, device="cuda", dtype="float32", max_num_seqs=4,
+                       max_num_batched_tokens=256)  # fmt: skip
+    eager = LLMEngine(cfg.model_copy(update={"enforce_eager": True}))
     want = [o.token_ids for o in eager.generate(prompts, params)]
     del eager
-    eng = LLMEngine(EngineConfig(**args))
+    eng = LLMEngine(cfg)
     graphs = _runner(eng).mixed_graphs
     assert graphs is not None and graphs.graphs
     replays = {"n": 0}
