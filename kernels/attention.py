@@ -414,6 +414,7 @@ def paged_attention(
     logits_soft_cap: float | None = None,
     max_query_len: int | None = None,
     backend: Backend = "auto",
+    step_cache: dict | None = None,
 ) -> torch.Tensor:  # [T, Hq, D], dtype of q
     """Attention of this step's new tokens over their sequence's cached context and new tokens.
 
@@ -433,6 +434,8 @@ def paged_attention(
         mask_start_loc: offsets of each sequence's ``n_s x n_s`` block in ``mask``.
         logits_soft_cap: if set, ``scores = cap * tanh(scores / cap)`` (Gemma 2).
         max_query_len: largest ``n_s``; only a tile-size hint for the Triton path.
+        step_cache: a dict that lives for one step (all layers see the same metadata): the vectorized torch
+            path keeps the gather indices and visibility mask it derives from the metadata there.
         backend: ``"auto"`` (Triton on CUDA, vectorized torch otherwise), ``"triton"``, ``"torch"``
             (vectorized, :mod:`kernels.attention_torch`) or ``"torch_ref"`` (per-sequence reference).
     """
@@ -452,7 +455,7 @@ def paged_attention(
     )  # fmt: skip
     return paged_attention_torch(
         q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
-        scale, sliding_window, mask, mask_start_loc, logits_soft_cap,
+        scale, sliding_window, mask, mask_start_loc, logits_soft_cap, step_cache,
     )  # fmt: skip
 
 

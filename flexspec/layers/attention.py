@@ -8,7 +8,7 @@ causal mask or a custom per-sequence mask (speculative verification / drafting g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ class AttentionMetadata:
     mask: torch.Tensor | None = None  # packed bool [sum n_s^2]; None = causal over new tokens
     mask_start_loc: torch.Tensor | None = None  # [S+1] int64
     logits_indices: torch.Tensor | None = None  # [N] rows of the hidden states that need logits
+    # Tensors a backend derives from this metadata once for all layers (the CPU attention path's gather
+    # indices and mask); build a new AttentionMetadata whenever the metadata's values change.
+    step_cache: dict = field(default_factory=dict)
 
 
 class Attention(nn.Module):
@@ -84,4 +87,5 @@ class Attention(nn.Module):
             mask_start_loc=meta.mask_start_loc,
             logits_soft_cap=self.logits_soft_cap,
             max_query_len=meta.max_query_len,
+            step_cache=meta.step_cache,
         )

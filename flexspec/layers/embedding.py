@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flexspec.distributed import TPGroup, shard_range
+from flexspec.layers.linear import linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -47,5 +48,5 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(vocab_size, hidden_size, tp)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V]
-        logits = F.linear(hidden, self.weight)
+        logits = linear(hidden, self.weight)
         return self.tp.all_gather_last_dim(logits, self.shard_sizes)

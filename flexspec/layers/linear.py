@@ -13,6 +13,23 @@ from torch import nn
 
 from flexspec.distributed import TPGroup, shard_range
 
+SKINNY_CPU_ROWS = (2, 32)  # rows of x for which ``linear`` computes (W @ x^T)^T on CPU
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``: x [M, K], weight [N, K] -> [M, N].
+
+    fp32 on CPU with 2-32 rows (decode and verification batches) computes ``(weight @ x^T)^T`` instead, the
+    same product that MKL runs as a different kernel: a CPU decode step of the default model is ~15% faster
+    (``weight`` streamed from memory once per step, ~7 GB/s through ``F.linear``'s kernel on the 2-core CI
+    machines). Other shapes, dtypes and devices use ``F.linear``. Results differ from ``F.linear``'s only by
+    fp32 summation order."""
+    lo, hi = SKINNY_CPU_ROWS
+    if x.dim() == 2 and lo <= x.shape[0] <= hi and x.dtype == torch.float32 and x.device.type == "cpu":
+        y = (weight @ x.t()).t().contiguous()
+        return y if bias is None else y + bias
+    return F.linear(x, weight, bias)
+
 
 class LinearBase(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup) -> None:
@@ -32,7 +49,7 @@ class LinearBase(nn.Module):
         raise NotImplementedError  # each subclass defines how a full tensor maps to its shard
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
@@ -152,7 +169,7 @@ class RowParallelLinear(LinearBase):
             _copy(param.data, loaded[:, self.in_start : self.in_end], "RowParallelLinear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = linear(x, self.weight)
         y = self.tp.all_reduce(y)
         if self.bias is not None:
             y = y + self.bias

@@ -97,8 +97,8 @@ def _through_mixed_layout(eng: LLMEngine) -> dict[int, int]:
 
 @pytest.fixture(scope="module")
 def turnover_case(engine):
-    """12 real prompts, 24 greedy tokens each, and the plain engine's outputs for them."""
-    prompts = real_prompts(engine, n_each=4)
+    """9 real prompts, 24 greedy tokens each, and the plain engine's outputs for them."""
+    prompts = real_prompts(engine, n_each=3)
     params = SamplingParams(max_tokens=24, temperature=0)
     return prompts, params, [o.token_ids for o in engine.generate(prompts, params)]
 

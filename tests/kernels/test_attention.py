@@ -311,3 +311,18 @@ def test_mixed_graph_layout(device):
     expected = paged_attention_ref(**b)
     got = paged_attention_triton(**b, max_query_len=64)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_step_cache_is_shared_by_layers_and_keyed_by_the_metadata():
+    """The vectorized torch path derives gather indices and the mask once per step (``step_cache``): a second
+    layer reuses them, and metadata with another mask (``dataclasses.replace``d, same dict) gets its own."""
+    b = _make_batch([12, 4, 0], [3, 5, 7], masks="random")
+    cache: dict = {}
+    first = paged_attention(**b, backend="torch", step_cache=cache)
+    torch.testing.assert_close(first, paged_attention_ref(**b), rtol=1e-5, atol=1e-5)
+    again = paged_attention(**b, backend="torch", step_cache=cache)
+    assert torch.equal(again, first) and sum(map(len, cache.values())) == 1
+    causal = {**b, "mask": None, "mask_start_loc": None}
+    got = paged_attention(**causal, backend="torch", step_cache=cache)
+    torch.testing.assert_close(got, paged_attention_ref(**causal), rtol=1e-5, atol=1e-5)
+    assert sum(map(len, cache.values())) == 2

@@ -51,7 +51,7 @@ def test_engine_sampling_with_speculation_matches_plain_histogram(engine):
     from tests.spec.conftest import spec_engine
 
     ids = engine.apply_chat_template([{"role": "user", "content": "Say a random color."}])
-    n = 400
+    n = 160
     params = [SamplingParams(max_tokens=2, temperature=1.0, top_k=4, seed=s) for s in range(n)]
     plain = engine.generate([ids] * n, params)
     eng = spec_engine({"method": "ngram", "num_speculative_tokens": 1}, max_num_seqs=128)
