@@ -12,7 +12,7 @@ Each step, for every sequence of the batch:
    the prefix whose cumulative draft probability stays >= ``verification_threshold`` is verified.
 
 On GPU the block forward is one CUDA graph per batch size and the context step one per row count (1, 2, 4, ...
-up to ``max_num_seqs * B``; ``BatchGraphs``); larger context steps (prefill chunks) run eagerly.
+up to ``max(max_num_seqs * B, max_num_batched_tokens)``; ``BatchGraphs``), so prefill steps replay them too.
 
 ``num_speculative_tokens`` = min(config's, B - 1). Sequences whose context misses positions (cache evicted
 under memory pressure) still draft — worse drafts, same output.
@@ -295,9 +295,9 @@ class DFlashDrafter(Drafter):
 
     def capture_graphs(self, batch_sizes: list[int]) -> None:
         cfg = self.runner.config
-        # A step commits 1 .. B tokens per sequence: graphs for row counts 1, 2, 4, .. up to a full decode batch
-        # of blocks (padded rows have slot -1: nothing is written). Larger steps (prefill chunks) run eagerly.
-        max_rows = cfg.max_num_seqs * self.block_size
+        # A step commits 1 .. B tokens per sequence, a step that prefills up to max_num_batched_tokens: graphs for
+        # row counts 1, 2, 4, .. up to the larger of the two (padded rows have slot -1: nothing is written).
+        max_rows = max(cfg.max_num_seqs * self.block_size, cfg.max_num_batched_tokens)
         row_counts = [1 << i for i in range(max_rows.bit_length()) if 1 << i <= max_rows]
         if row_counts[-1] < max_rows:
             row_counts.append(max_rows)
