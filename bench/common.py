@@ -327,6 +327,20 @@ class _Silent:
         pass
 
 
+def cuda_graph_summary(engine: Any) -> dict[str, Any]:
+    """Which CUDA graphs an in-process engine captured: decode / verification query lengths and the token
+    counts of the mixed-step graphs (steps that prefill; None = those steps ran eagerly). Empty for engines
+    whose model runs in other processes (Ray executor)."""
+    runner = getattr(getattr(engine, "executor", None), "runner", None)
+    if runner is None:
+        return {}
+    mixed = runner.mixed_graphs
+    return {
+        "decode_graph_query_lens": [g.q for g in runner.graphs],
+        "mixed_graph_num_tokens": list(mixed.sizes) if mixed is not None else None,
+    }
+
+
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 

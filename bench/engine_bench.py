@@ -23,6 +23,7 @@ from bench.common import (
     Budget,
     JsonReport,
     apply_cpu_threads,
+    cuda_graph_summary,
     cycle_to,
     environment,
     int_list,
@@ -178,6 +179,7 @@ def bench_ours(
         )
     )
     report.doc["config"]["flexspec_engine_init_s"] = round(time.perf_counter() - t0, 2)
+    report.doc["config"]["flexspec_cuda_graphs"] = cuda_graph_summary(engine)
     timers = StepTimers(engine)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     warm = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

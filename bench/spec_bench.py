@@ -31,6 +31,7 @@ from bench.common import (
     Budget,
     JsonReport,
     apply_cpu_threads,
+    cuda_graph_summary,
     cycle_to,
     datasets_arg,
     environment,
@@ -103,6 +104,11 @@ def build_parser(prog: str = "python -m bench.spec_bench") -> argparse.ArgumentP
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    p.add_argument(
+        "--no-mixed-graphs",
+        action="store_true",
+        help="Run steps that prefill eagerly (cuda_graph_num_tokens=[]): the A/B of mixed-step CUDA graphs.",
+    )
     p.add_argument(
         "--warmup", type=int, default=None, help="Warm-up requests per engine (default: max batch)."
     )
@@ -197,9 +203,11 @@ def run_engine_system(
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 speculative_config=cfg,
                 seed=args.seed,
+                **({"cuda_graph_num_tokens": []} if args.no_mixed_graphs else {}),
             )
         )
         init_s = time.perf_counter() - t0
+        graphs = cuda_graph_summary(engine)
     except Exception as e:  # noqa: BLE001 - a method that cannot load is a recorded result
         report.doc["errors"].append({"system": label, "stage": "engine init", "error": short_error(e)})
         report.save()
@@ -233,6 +241,7 @@ def run_engine_system(
                 "speculative_config": cfg,
                 "batch_size": b,
                 "engine_init_s": round(init_s, 2),
+                "cuda_graphs": graphs,
             }
             if budget.exhausted():
                 report.doc["runs"].append({**point, "skipped": "time budget exhausted"})
