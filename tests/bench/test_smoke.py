@@ -89,7 +89,11 @@ def test_plain_and_ngram_points(smoke):
         assert all(0.0 <= x <= 1.0 for x in sd["per_position_acceptance"])
         assert s["matches_plain"] == 1.0  # greedy speculative output == plain output (fp32)
         # which graphs ran is recorded; on CPU none are captured
-        assert p["cuda_graphs"] == s["cuda_graphs"] == {"decode_graph_query_lens": [], "mixed_graph_num_tokens": None}
+        assert (
+            p["cuda_graphs"]
+            == s["cuda_graphs"]
+            == {"decode_graph_query_lens": [], "mixed_graph_num_tokens": None}
+        )
         split = s["step_time"]["decode_steps"] or s["step_time"]["all_steps"]
         assert split["step_ms"] > 0 and split["draft_ms"] >= 0 and split["verify_ms"] > 0
         for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
