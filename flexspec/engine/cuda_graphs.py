@@ -397,14 +397,17 @@ class MixedGraphs:
         self.context_lens = torch.zeros(S, dtype=torch.int32, device=dev)  # [S]
         self.query_start_loc = torch.zeros(S + 1, dtype=torch.int32, device=dev)  # [S + 1]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.hidden: dict[int, torch.Tensor] = {}  # num_tokens -> [num_tokens, H]
-        self.captured: dict[int, list[torch.Tensor]] = {}  # num_tokens -> [num_tokens, H] per capture layer
+        # Outputs of every graph, written at the end of its step (one set for all token counts).
+        H, dtype = runner.spec.hidden_size, runner.dtype
+        self.hidden = torch.zeros(T, H, dtype=dtype, device=dev)  # [T, H]
+        self.captured = [torch.zeros(T, H, dtype=dtype, device=dev) for _ in self.capture_layers]  # [T, H] each
         self.pool = pool
         if capture:
             self._capture()
 
-    def _step(self, n: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """What the graph of ``n`` tokens runs: cast the staged int64 metadata, then the model body."""
+    def _step(self, n: int) -> None:
+        """What the graph of ``n`` tokens runs: cast the staged int64 metadata, the model body, its outputs into
+        ``hidden`` / ``captured`` (rows ``:n``)."""
         st = self.stage
         self.context_lens.copy_(st.on_device("context_lens"))
         self.query_start_loc.copy_(st.on_device("query_start_loc"))
@@ -417,7 +420,12 @@ class MixedGraphs:
             query_start_loc=self.query_start_loc,
             max_query_len=n,
         )
-        return self.runner.model(st.on_device("input_ids")[:n], meta, capture_layers=self.capture_layers)
+        hidden, captured = self.runner.model(
+            st.on_device("input_ids")[:n], meta, capture_layers=self.capture_layers
+        )
+        self.hidden[:n].copy_(hidden)
+        for buf, c in zip(self.captured, captured):
+            buf[:n].copy_(c)
 
     @torch.inference_mode()
     def _capture(self) -> None:
@@ -427,7 +435,7 @@ class MixedGraphs:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self.hidden[n], self.captured[n] = self._step(n)
+                self._step(n)
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[n] = graph
@@ -456,8 +464,7 @@ class MixedGraphs:
         self.stage.send()
         if self.graphs:
             self.graphs[n].replay()
-            hidden, captured = self.hidden[n], self.captured[n]
         else:
-            hidden, captured = self._step(n)
-        rows = hidden[self.stage.on_device("logits_rows")[:N]]
-        return rows, [c[:T].clone() for c in captured]
+            self._step(n)
+        rows = self.hidden[self.stage.on_device("logits_rows")[:N]]
+        return rows, [c[:T].clone() for c in self.captured]

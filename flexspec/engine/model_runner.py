@@ -157,7 +157,10 @@ class ModelRunner:
         """Capture decode graphs (1 token per sequence) and, with a drafter, verification graphs for query
         lengths 2, 4, 8, ... up to 1 + K (selective verification sends fewer drafts: a step replays the smallest
         graph its longest query fits; query length 1 too when launched plain steps must capture the drafter's
-        target layers), then the drafter's own graphs."""
+        target layers), then the drafter's own graphs, then the graphs of steps that prefill (``MixedGraphs``,
+        last: they matter least if memory runs out). The activation memory cached by ``_profile_peak`` is
+        released first, so the graph pools reuse what the KV-cache budget left for activations."""
+        torch.cuda.empty_cache()
         sizes = self.config.cuda_graph_batch_sizes
         try:
             self.graphs = [DecodeGraphs(self, sizes)]
@@ -165,7 +168,10 @@ class ModelRunner:
             log.warning("decode CUDA graphs not captured (%s: %s); running eagerly", type(e).__name__, e)
             self.graphs = []
             return
+        self._capture_spec_graphs(sizes)
         self.capture_mixed_graphs()
+
+    def _capture_spec_graphs(self, sizes: list[int]) -> None:
         if self.spec_worker is None:
             return
         drafter = self.spec_worker.drafter
@@ -205,50 +211,64 @@ class ModelRunner:
         if not sizes:
             return
         layers = tuple(self.spec_worker.drafter.capture_layers) if self.spec_worker is not None else ()
+        graphs, err, why = None, float("inf"), ""
         try:
-            graphs = MixedGraphs(self, sizes, capture_layers=layers)
+            graphs = MixedGraphs(self, sizes, capture_layers=layers, pool=self.graphs[0].pool)
             err = self._check_mixed_graphs(graphs)
+            why = f"relative logits error {err:.3g} against the eager forward"
         except Exception as e:  # noqa: BLE001 - never fail serving because capture failed: run eagerly
-            log.warning(
-                "mixed-step CUDA graphs not captured (%s: %s); prefill steps run eagerly", type(e).__name__, e
-            )
-            return
-        if not err < MIXED_GRAPH_MAX_ERROR:
-            log.warning(
-                "mixed-step CUDA graphs disagree with the eager forward (relative logits error %.3g); prefill "
-                "steps run eagerly",
-                err,
-            )
+            why = f"{type(e).__name__}: {e}"
+        ok = err < MIXED_GRAPH_MAX_ERROR
+        # Every rank replays or none does (a replay on one rank only would hang the others' collectives).
+        if self.tp.size > 1:
+            ok = bool(self.tp.all_reduce(torch.tensor([0.0 if ok else 1.0], device=self.device)).item() == 0)
+        if not ok:
+            log.warning("mixed-step CUDA graphs not used (%s); steps that prefill run eagerly", why)
             return
         self.mixed_graphs = graphs
 
     @torch.inference_mode()
     def _check_mixed_graphs(self, graphs: MixedGraphs) -> float:
-        """Largest relative error (L2, per row) of graph vs eager logits on a step that reads and writes the KV cache:
-        sequence 0 prefills 40 tokens eagerly (blocks 0-2), then one step holds its next token (decode), a
-        4-token query on the same context (verification; slots -1) and a 23-token prompt (blocks 3-4). Nothing
-        else is in the cache yet: the blocks written here are overwritten before any request reads them."""
-        bs, ids = self.block_size, lambda n, o: [(7 * i + o) % self.spec.vocab_size for i in range(n)]
-        slots = lambda blocks, n: [blocks[i // bs] * bs + i % bs for i in range(n)]
-        ctx_blocks = list(range(-(-41 // bs)))
-        new_blocks = [len(ctx_blocks) + i for i in range(-(-23 // bs))]
-        if new_blocks[-1] >= self.num_kv_blocks:
-            return 0.0  # too small a cache to check (tests): trust the capture
-        first = ModelInput(
-            input_ids=ids(40, 1), positions=list(range(40)), slot_mapping=slots(ctx_blocks, 40),
-            block_tables=[ctx_blocks], context_lens=[0], query_lens=[40], logits_indices=[39],
+        """Largest relative error (L2, per row) of graph vs eager logits on a step that reads and writes the KV
+        cache: sequence 0 prefills a context (up to 40 tokens) eagerly, then one step holds its next token
+        (decode), a query of up to 4 tokens on the same context (verification; slots -1) and a prompt of up to
+        23 tokens written to fresh blocks, as many of the three as ``max_num_seqs`` allows, and fewer tokens than
+        the graph it replays (so the pad tokens' dummy sequence is there too). Nothing else is in the cache yet:
+        the blocks written here are overwritten before any request reads them. 0.0 when no such step fits the
+        configuration (the capture is trusted then)."""
+        bs, cfg = self.block_size, self.config
+        ids = lambda n, o: [(7 * i + o) % self.spec.vocab_size for i in range(n)]
+        slots = lambda blocks, start, n: [blocks[p // bs] * bs + p % bs for p in range(start, start + n)]
+        ctx = min(40, cfg.max_model_len - 1)
+        n_verify = min(4, cfg.max_model_len - ctx)
+        n_prompt = min(23, cfg.max_model_len, graphs.max_tokens - 2 - n_verify)
+        ctx_blocks = list(range(-(-(ctx + 1) // bs)))
+        new_blocks = [len(ctx_blocks) + i for i in range(-(-max(n_prompt, 0) // bs))]
+        if ctx < 1 or n_prompt < 1 or len(ctx_blocks) + len(new_blocks) > self.num_kv_blocks:
+            return 0.0
+        self.forward(
+            ModelInput(
+                input_ids=ids(ctx, 1), positions=list(range(ctx)), slot_mapping=slots(ctx_blocks, 0, ctx),
+                block_tables=[ctx_blocks], context_lens=[0], query_lens=[ctx], logits_indices=[ctx - 1],
+            )
         )  # fmt: skip
-        self.forward(first)
+        seqs = [  # (input ids, positions, slots, block table, context length)
+            ([11], [ctx], slots(ctx_blocks, ctx, 1), ctx_blocks, ctx),
+            (ids(n_verify, 3), list(range(ctx, ctx + n_verify)), [-1] * n_verify, ctx_blocks, ctx),
+            (ids(n_prompt, 5), list(range(n_prompt)), slots(new_blocks, 0, n_prompt), new_blocks, 0),
+        ][-cfg.max_num_seqs :]
         step = ModelInput(
-            input_ids=[11, *ids(4, 3), *ids(23, 5)],
-            positions=[40, *range(40, 44), *range(23)],
-            slot_mapping=[slots(ctx_blocks, 41)[40], -1, -1, -1, -1, *slots(new_blocks, 23)],
-            block_tables=[ctx_blocks, ctx_blocks, new_blocks],
-            context_lens=[40, 40, 0],
-            query_lens=[1, 4, 23],
-            logits_indices=list(range(28)),
+            input_ids=[t for q in seqs for t in q[0]],
+            positions=[p for q in seqs for p in q[1]],
+            slot_mapping=[x for q in seqs for x in q[2]],
+            block_tables=[q[3] for q in seqs],
+            context_lens=[q[4] for q in seqs],
+            query_lens=[len(q[0]) for q in seqs],
+            logits_indices=list(range(sum(len(q[0]) for q in seqs))),
             capture_layers=graphs.capture_layers,
         )
+        if not graphs.can_run(step):
+            return 0.0
         rows, _ = graphs.run(step)
         got = self.model.compute_logits(rows)
         want, _ = self.forward(step)  # eager: self.mixed_graphs is not set yet
@@ -309,9 +329,10 @@ class ModelRunner:
             for graphs in self.graphs:
                 if graphs.can_run(inp):
                     return graphs.run(inp)
-            if self.mixed_graphs is not None and self.mixed_graphs.can_run(inp):
-                rows, captured = self.mixed_graphs.run(inp)
-                return self.model.compute_logits(rows), captured
+        # Steps that prefill, also with chunks that emit nothing yet (their rows are not in logits_indices).
+        if side is None and self.mixed_graphs is not None and self.mixed_graphs.can_run(inp):
+            rows, captured = self.mixed_graphs.run(inp)
+            return self.model.compute_logits(rows), captured
         input_ids, meta = self.build_metadata(inp)
         kwargs = {"side": side} if side is not None else {}
         hidden, captured = self.model(input_ids, meta, capture_layers=inp.capture_layers, **kwargs)

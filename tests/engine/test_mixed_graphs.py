@@ -66,6 +66,25 @@ def test_self_check_catches_a_wrong_layout(engine, monkeypatch):
     assert runner._check_mixed_graphs(graphs) > MIXED_GRAPH_MAX_ERROR
 
 
+@pytest.mark.parametrize(
+    "limits",
+    [{"max_num_seqs": 1}, {"max_num_seqs": 2}, {"max_num_batched_tokens": 16, "max_num_seqs": 8},
+     {"max_model_len": 32}],
+    ids=["one-seq", "two-seqs", "16-token-budget", "32-token-model-len"],
+)  # fmt: skip
+def test_self_check_fits_small_configurations(limits):
+    """The start-up check builds its step within ``max_num_seqs``, the token budget and ``max_model_len``."""
+    cfg = EngineConfig(model=DEFAULT_MODEL, device="cpu", **{"max_model_len": 1024, **limits})
+    runner = LLMEngine(cfg).executor.runner
+    graphs = MixedGraphs(runner, runner.mixed_graph_num_tokens(), capture=False)
+    run = graphs.run
+    seen = []
+    graphs.run = lambda inp: seen.append(inp) or run(inp)
+    assert runner._check_mixed_graphs(graphs) < 1e-4
+    assert seen and len(seen[0].query_lens) == min(3, cfg.max_num_seqs)
+    assert seen[0].num_tokens < graphs.size_for(seen[0].num_tokens)  # the dummy sequence is there too
+
+
 def test_capture_sizes_always_hold_the_step_budget():
     cfg = EngineConfig(device="cpu", max_num_batched_tokens=300, cuda_graph_num_tokens=[64, 256, 512])
     from flexspec.engine.model_runner import ModelRunner
@@ -120,15 +139,20 @@ def test_dflash_engine_prefill_steps_through_mixed_layout(turnover_case):
     prompts, params, want = turnover_case
     spec = {"method": "dflash", "model": "smollm2-135m-instruct-dflash", "num_speculative_tokens": 4,
             "execution": "decoupled"}  # fmt: skip
-    runs = []
+    runs, partial = [], []
     for padded in (False, True):
-        eng = spec_engine(spec, max_num_seqs=4)
+        # 64-token steps: prompts are chunked, and chunks that emit nothing yet take the padded layout too
+        eng = spec_engine(spec, max_num_seqs=4, max_num_batched_tokens=64)
         used = _through_mixed_layout(eng) if padded else {}
+        if padded:
+            graphs = eng.executor.runner.mixed_graphs
+            run = graphs.run
+            graphs.run = lambda inp, run=run: partial.append(not all(inp.samples)) or run(inp)
         outs = [o.token_ids for o in eng.generate(prompts, params)]
         runs.append((outs, eng.spec_metrics.num_draft_tokens, eng.spec_metrics.num_accepted_tokens))
     assert runs[0][0] == runs[1][0] == want
     assert runs[0][1:] == runs[1][1:] and runs[1][2] > 0
-    assert sum(used.values()) >= len(prompts), used
+    assert sum(used.values()) >= len(prompts) and any(partial), (used, partial)
 
 
 @pytest.mark.gpu
