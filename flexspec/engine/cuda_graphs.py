@@ -345,7 +345,9 @@ class MixedGraphs:
     the smallest captured token count ``>= T`` (layout: ``stage_mixed_inputs``). The attention kernel's grid
     depends only on the token and sequence counts, and its tile sizes are those of the longest possible query
     (``max_query_len`` = the token count), so one graph serves every split of its tokens into sequences. The
-    LM head runs eagerly on the rows that need logits (two launches; no [T, V] buffer per graph).
+    LM head runs eagerly on the rows that need logits (two launches; no [T, V] buffer per graph). Known cost:
+    with prefill-sized tiles a 1-token decode query fills ``Hq / Hkv`` of a tile's ``BLOCK_M`` rows (its K/V
+    reads, the bound, are the same as with decode tiles).
 
     With ``capture=False`` nothing is captured and ``run`` executes the same padded step eagerly (the layout's
     CPU tests; any device).
