@@ -46,8 +46,18 @@ def _step_plan(
     return plan
 
 
-def _make_plan(block_tables, context_lens, query_start_loc, positions, mask, mask_start_loc, sliding_window,
-               bsz, T):  # fmt: skip
+def _make_plan(
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor | None,
+    mask_start_loc: torch.Tensor | None,
+    sliding_window: int | None,
+    bsz: int,
+    T: int,
+) -> dict | None:
+    """The step plan (see ``_step_plan``); None when no query has a key to attend to."""
     S = context_lens.shape[0]
     dev = positions.device
     qsl = query_start_loc.long()

@@ -22,6 +22,25 @@ if TYPE_CHECKING:
     from flexspec.engine.model_runner import ModelRunner
 
 
+@torch.inference_mode()
+def capture_graphs(sizes: list[int], step, pool=None) -> tuple[dict, dict, object]:
+    """Capture ``step(n)`` as one CUDA graph per size, largest first so that smaller graphs reuse its memory
+    pool; each is run twice outside the graph first (Triton compiles). Returns (size -> graph, size -> what
+    ``step`` returned during capture: the graph's static outputs, the pool)."""
+    graphs, outputs = {}, {}
+    for n in sorted(sizes, reverse=True):
+        for _ in range(2):
+            step(n)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outputs[n] = step(n)
+        pool = pool or graph.pool()
+        graphs[n] = graph
+    torch.cuda.synchronize()
+    return graphs, outputs, pool
+
+
 class StagedInputs:
     """Named int64 regions of one host buffer that reach the device with a single copy per step.
 
@@ -188,19 +207,10 @@ class DecodeGraphs:
         )
         return model.compute_logits(hidden), captured
 
-    @torch.inference_mode()
     def _capture(self) -> None:
-        for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its memory pool
-            for _ in range(2):  # warm up (Triton compile) outside the graph
-                self._step(bs)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.logits[bs], self.captured[bs] = self._step(bs)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[bs] = graph
-        torch.cuda.synchronize()
+        self.graphs, outputs, self.pool = capture_graphs(self.batch_sizes, self._step, self.pool)
+        for bs, (logits, captured) in outputs.items():
+            self.logits[bs], self.captured[bs] = logits, captured
 
     def can_run(self, inp: ModelInput) -> bool:
         return (
@@ -271,20 +281,11 @@ class BatchGraphs:
         self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
         self._capture()
 
-    @torch.inference_mode()
     def _capture(self) -> None:
-        pool = None
-        for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its memory pool
-            args = {name: buf[:bs] for name, buf in self.static.items()}
-            for _ in range(2):  # warm up (Triton compile) outside the graph
-                self.fn(**args)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = tuple(self.fn(**args))
-            pool = pool or graph.pool()
-            self.graphs[bs] = graph
-        torch.cuda.synchronize()
+        def step(bs: int) -> tuple[torch.Tensor, ...]:
+            return tuple(self.fn(**{name: buf[:bs] for name, buf in self.static.items()}))
+
+        self.graphs, self.outputs, _ = capture_graphs(self.batch_sizes, step)
 
     def can_run(self, batch: int, **inputs: torch.Tensor) -> bool:
         return batch <= self.max_bs and all(
@@ -402,7 +403,7 @@ class MixedGraphs:
         # Outputs of every graph, written at the end of its step (one set for all token counts).
         H, dtype = runner.spec.hidden_size, runner.dtype
         self.hidden = torch.zeros(T, H, dtype=dtype, device=dev)  # [T, H]
-        self.captured = [torch.zeros(T, H, dtype=dtype, device=dev) for _ in self.capture_layers]  # [T, H] each
+        self.captured = [torch.zeros(T, H, dtype=dtype, device=dev) for _ in self.capture_layers]  # [T, H]
         self.pool = pool
         if capture:
             self._capture()
@@ -429,19 +430,8 @@ class MixedGraphs:
         for buf, c in zip(self.captured, captured):
             buf[:n].copy_(c)
 
-    @torch.inference_mode()
     def _capture(self) -> None:
-        for n in reversed(self.sizes):  # largest first so smaller graphs reuse its memory pool
-            for _ in range(2):  # warm up (Triton compile) outside the graph
-                self._step(n)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._step(n)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[n] = graph
-        torch.cuda.synchronize()
+        self.graphs, _, self.pool = capture_graphs(self.sizes, self._step, self.pool)
 
     def can_run(self, inp: ModelInput) -> bool:
         T = inp.num_tokens

@@ -21,8 +21,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     fp32 on CPU with 2-32 rows (decode and verification batches) computes ``(weight @ x^T)^T`` instead, the
     same product that MKL runs as a different kernel: a CPU decode step of the default model is ~15% faster
-    (``weight`` streamed from memory once per step, ~7 GB/s through ``F.linear``'s kernel on the 2-core CI
-    machines). Other shapes, dtypes and devices use ``F.linear``. Results differ from ``F.linear``'s only by
+    (``weight`` is streamed from memory once per step, at ~7 GB/s through ``F.linear``'s kernel on a 2-core dev
+    machine). Other shapes, dtypes and devices use ``F.linear``. Results differ from ``F.linear``'s only by
     fp32 summation order."""
     lo, hi = SKINNY_CPU_ROWS
     if x.dim() == 2 and lo <= x.shape[0] <= hi and x.dtype == torch.float32 and x.device.type == "cpu":
