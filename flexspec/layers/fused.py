@@ -19,3 +19,21 @@ def use_fused(x: torch.Tensor, *params: torch.Tensor) -> bool:
     if not (ENABLED and x.is_cuda):
         return False
     return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
+
+
+# "auto": skinny fused GEMMs (``kernels.skinny_linear``) for CUDA steps of <= MAX_ROWS tokens; "off": never;
+# "torch": also on CPU, through their torch reference (tests use it to check the fused decoder's data flow).
+SKINNY = os.environ.get("FLEXSPEC_SKINNY_LINEAR", "auto").lower()
+if SKINNY in ("0", "false", "no"):
+    SKINNY = "off"
+
+
+def use_skinny(x: torch.Tensor, *params: torch.Tensor) -> bool:
+    """True when a decoder step over ``x`` [T, H] should use the skinny fused GEMMs (T <= 16 rows)."""
+    from kernels.skinny_linear import MAX_ROWS
+
+    if SKINNY == "off" or x.dim() != 2 or x.shape[0] > MAX_ROWS:
+        return False
+    if SKINNY == "torch":
+        return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
+    return use_fused(x, *params)

@@ -1,0 +1,96 @@
+"""Skinny fused GEMMs (``kernels.skinny_linear``) vs their torch reference and a float64 brute force."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.skinny_linear import MAX_ROWS, skinny_linear, skinny_linear_ref, skinny_linear_triton
+
+TOL = {torch.float32: {"rtol": 1e-4, "atol": 1e-4}, torch.bfloat16: {"rtol": 2e-2, "atol": 6e-2}}
+
+
+def _brute(x, w, b, nw, eps, offset, act, res):
+    """float64, op by op from the definitions (no reference code reused)."""
+    x, w = x.double(), w.double()
+    if nw is not None:
+        x = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * (nw.double() + (1.0 if offset else 0.0))
+    y = x @ w.t() + (b.double() if b is not None else 0.0)
+    if act == "silu":
+        g, u = y.chunk(2, -1)
+        y = g * torch.sigmoid(g) * u
+    elif act == "gelu_tanh":
+        g, u = y.chunk(2, -1)
+        y = 0.5 * g * (1 + torch.tanh(0.7978845608028654 * (g + 0.044715 * g**3))) * u
+    return y + res.double() if res is not None else y
+
+
+CASES = {
+    "plain": {},
+    "bias": {"bias": True},
+    "norm": {"norm": True},
+    "norm_offset_bias": {"norm": True, "offset": True, "bias": True},
+    "silu": {"act": "silu"},
+    "norm_gelu": {"norm": True, "act": "gelu_tanh"},
+    "residual": {"residual": True},
+    "residual_bias": {"residual": True, "bias": True},
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, MAX_ROWS])
+@pytest.mark.parametrize("n,k", [(96, 576), (50, 70)])  # 70 / 50: K and N not multiples of the tiles
+@pytest.mark.parametrize("case", list(CASES))
+def test_skinny_linear_triton_matches_reference(case, n, k, rows, dtype, device):
+    c = CASES[case]
+    g = torch.Generator().manual_seed(rows * 1000 + n)
+    x = (torch.randn(rows, k, generator=g) * 2).to(device, dtype)
+    w = (torch.randn(n, k, generator=g) * k**-0.5).to(device, dtype)
+    out_n = n // 2 if "act" in c else n
+    b = torch.randn(out_n, generator=g).to(device, dtype) if c.get("bias") else None
+    nw = (1 + 0.3 * torch.randn(k, generator=g)).to(device, dtype) if c.get("norm") else None
+    res = torch.randn(rows, out_n, generator=g).to(device, dtype) if c.get("residual") else None
+    kw = dict(norm_weight=nw, eps=1e-6, norm_offset=c.get("offset", False), activation=c.get("act"))
+    res_ref = res.clone() if res is not None else None
+    want = _brute(x.cpu(), w.cpu(), None if b is None else b.cpu(), None if nw is None else nw.cpu(), 1e-6,
+                  c.get("offset", False), c.get("act"), None if res is None else res.cpu())  # fmt: skip
+    ref = skinny_linear_ref(x, w, b, residual=res_ref, **kw)
+    got = skinny_linear_triton(x, w, b, residual=res, **kw)
+    assert got.shape == (rows, out_n) and got.dtype == dtype
+    if res is not None:
+        assert got.data_ptr() == res.data_ptr() and ref.data_ptr() == res_ref.data_ptr()  # in place
+    torch.testing.assert_close(got, ref, **TOL[dtype])
+    torch.testing.assert_close(ref.cpu().double(), want, **TOL[dtype])
+
+
+def test_skinny_linear_rounds_like_the_unfused_ops():
+    """fp32 on the reference path: exactly the unfused norm -> linear -> activation / residual add."""
+    from kernels.activation import act_and_mul_ref
+    from kernels.norm import rms_norm_ref
+
+    g = torch.Generator().manual_seed(3)
+    x, w, nw = torch.randn(4, 64, generator=g), torch.randn(40, 64, generator=g), torch.rand(64, generator=g)
+    got = skinny_linear(x, w, norm_weight=nw, eps=1e-5, activation="silu", backend="torch")
+    assert torch.equal(got, act_and_mul_ref(F.linear(rms_norm_ref(x, nw, 1e-5), w)))
+    res = torch.randn(4, 40, generator=g)
+    want = res + F.linear(x, w)
+    assert torch.equal(skinny_linear(x, w, residual=res, backend="torch"), want)
+
+
+def test_skinny_linear_errors(device):
+    x, w = torch.randn(3, 32, device=device), torch.randn(8, 32, device=device)
+    with pytest.raises(ValueError, match="x must be"):
+        skinny_linear(x, torch.randn(8, 31, device=device))
+    with pytest.raises(ValueError, match="share a dtype"):
+        skinny_linear(x, w.double())
+    with pytest.raises(ValueError, match="even row count"):
+        skinny_linear(x, torch.randn(7, 32, device=device), activation="silu")
+    with pytest.raises(ValueError, match="activation must be"):
+        skinny_linear(x, w, activation="relu")
+    with pytest.raises(ValueError, match="does not combine"):
+        skinny_linear(x, w, residual=torch.zeros(3, 4, device=device), activation="silu")
+    with pytest.raises(ValueError, match="residual must be"):
+        skinny_linear(x, w, residual=torch.zeros(3, 9, device=device))
+    with pytest.raises(ValueError, match="norm_weight must be"):
+        skinny_linear(x, w, norm_weight=torch.ones(8, device=device))
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        skinny_linear_triton(torch.randn(MAX_ROWS + 1, 32, device=device), w)
