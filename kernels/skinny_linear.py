@@ -42,7 +42,7 @@ def _dot(a, b, DOT: tl.constexpr):
     return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count
 def _skinny_linear_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # [N, K] ([2N, K] with ACT >= 0: gate rows then up rows)
@@ -97,7 +97,9 @@ def _skinny_linear_kernel(
         w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         acc += _dot(xv, tl.trans(w), DOT)
         if ACT >= 0:
-            wu = tl.load(w_rows + N * w_stride + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            wu = tl.load(
+                w_rows + N * w_stride + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
+            )
             acc_up += _dot(xv, tl.trans(wu), DOT)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -129,7 +131,9 @@ def _check_args(
 ) -> int:
     """Validates shapes / dtypes / devices; returns the number of output features."""
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
-        raise ValueError(f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+        raise ValueError(
+            f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
     if x.dtype != weight.dtype:
         raise ValueError(f"x and weight must share a dtype, got {x.dtype} and {weight.dtype}")
     n = weight.shape[0]
@@ -280,7 +284,9 @@ def skinny_linear(
 
     Not differentiable on the Triton path. ``backend="auto"`` runs Triton on CUDA tensors, torch otherwise.
     """
-    kwargs = dict(norm_weight=norm_weight, eps=eps, norm_offset=norm_offset, activation=activation, residual=residual)
+    kwargs = {
+        "norm_weight": norm_weight, "eps": eps, "norm_offset": norm_offset, "activation": activation, "residual": residual
+    }
     if use_triton(backend, x):
         return skinny_linear_triton(x, weight, bias, **kwargs)
     return skinny_linear_ref(x, weight, bias, **kwargs)

@@ -122,7 +122,12 @@ class LlamaDecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
         qkv = skinny_linear(
-            h, attn.qkv_proj.weight, attn.qkv_proj.bias, norm_weight=ln1.weight, eps=ln1.eps, norm_offset=ln1.offset
+            h,
+            attn.qkv_proj.weight,
+            attn.qkv_proj.bias,
+            norm_weight=ln1.weight,
+            eps=ln1.eps,
+            norm_offset=ln1.offset,
         )
         skinny_linear(attn.attend(qkv, meta), attn.o_proj.weight, attn.o_proj.bias, residual=h)
         act = skinny_linear(
@@ -201,7 +206,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         # skinny fused GEMMs need plain Llama MLPs without biases on gate/up (every family this file loads)
         self.skinny_ok = all(
-            layer.mlp.gate_up_proj.bias is None and hasattr(layer.mlp.act, "activation") for layer in self.layers
+            layer.mlp.gate_up_proj.bias is None and hasattr(layer.mlp.act, "activation")
+            for layer in self.layers
         )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

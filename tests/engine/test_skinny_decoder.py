@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import flexspec.layers.fused as fused
 from configs import EngineConfig, SamplingParams
 from flexspec.engine.llm_engine import LLMEngine
+from flexspec.layers import fused
 from flexspec.models.llama import LlamaDecoderLayer
 from tests.conftest import DEFAULT_MODEL, real_prompts
 from tests.spec.conftest import spec_engine

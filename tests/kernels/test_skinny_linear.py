@@ -49,7 +49,7 @@ def test_skinny_linear_triton_matches_reference(case, n, k, rows, dtype, device)
     b = torch.randn(out_n, generator=g).to(device, dtype) if c.get("bias") else None
     nw = (1 + 0.3 * torch.randn(k, generator=g)).to(device, dtype) if c.get("norm") else None
     res = torch.randn(rows, out_n, generator=g).to(device, dtype) if c.get("residual") else None
-    kw = dict(norm_weight=nw, eps=1e-6, norm_offset=c.get("offset", False), activation=c.get("act"))
+    kw = {"norm_weight": nw, "eps": 1e-6, "norm_offset": c.get("offset", False), "activation": c.get("act")}
     res_ref = res.clone() if res is not None else None
     want = _brute(x.cpu(), w.cpu(), None if b is None else b.cpu(), None if nw is None else nw.cpu(), 1e-6,
                   c.get("offset", False), c.get("act"), None if res is None else res.cpu())  # fmt: skip
