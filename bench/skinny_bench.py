@@ -1,10 +1,10 @@
 """Skinny fused GEMMs (``kernels.skinny_linear``) vs the unfused ops they replace, inside CUDA graphs.
 
-    python -m bench.skinny_bench --output skinny.json [--rows 1,2,4,8,16] [--sweep]
+    python -m bench.skinny_bench --output skinny.json [--rows 1,2,4,8,16] [--sweep [--sweep-rows 1,4,16]]
 
 For each GEMM of a decoder layer of the default model (hidden 576, intermediate 1536, 9 / 3 heads of 64) and
 each row count: the time per call of the fused op and of the unfused sequence (Triton RMSNorm / activation /
-residual add + cuBLAS ``F.linear``), both measured as a CUDA graph of ``--repeat`` back-to-back calls (what a
+residual add + cuBLAS ``F.linear``), each fused form (``gemv``, ``dot``) too, all measured as a CUDA graph of ``--repeat`` back-to-back calls (what a
 decode step replays; launch overhead from Python would otherwise dominate a ~2 us kernel). ``--sweep`` also
 times other tile configurations (block_n, block_k, num_warps). JSON out, with the machine.
 """
@@ -12,7 +12,6 @@ times other tile configurations (block_n, block_k, num_warps). JSON out, with th
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import environment
+from flexspec.layers.fused import graph_time_us
 from kernels.activation import act_and_mul_triton
 from kernels.norm import rms_norm_triton
 from kernels.skinny_linear import skinny_linear_triton
@@ -34,34 +34,12 @@ SHAPES = {  # name -> (N, K, fusion)
 }
 
 
-def graph_time_us(fn, repeat: int) -> float:
-    """Median per-call time of ``fn`` replayed ``repeat`` times in one CUDA graph, in microseconds."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeat):
-            fn()
-    times = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / repeat)
-    return sorted(times)[len(times) // 2]
-
-
 def measure(name: str, n: int, k: int, fusion: str, m: int, repeat: int, sweep: bool) -> dict:
     """One GEMM at ``m`` rows: error vs the unfused ops, fused and unfused us per call (optionally a sweep)."""
     dev, dt = "cuda", torch.bfloat16
     w = torch.randn(n, k, device=dev, dtype=dt) * k**-0.5
     nw = torch.rand(k, device=dev, dtype=dt) + 0.5
+    nw_out = torch.rand(n, device=dev, dtype=dt) + 0.5  # the next norm, over the residual's features
     x = torch.randn(m, k, device=dev, dtype=dt)
     out_n = n // 2 if fusion == "norm_act" else n
     res = torch.randn(m, out_n, device=dev, dtype=dt)
@@ -76,7 +54,7 @@ def measure(name: str, n: int, k: int, fusion: str, m: int, repeat: int, sweep: 
             return F.linear(rms_norm_triton(x, nw, 1e-5), w)
         if fusion == "norm_act":
             return act_and_mul_triton(F.linear(rms_norm_triton(x, nw, 1e-5), w))
-        return rms_norm_triton(F.linear(x, w), nw, 1e-5, residual=res)  # the unfused add (+ the next norm)
+        return rms_norm_triton(F.linear(x, w), nw_out, 1e-5, residual=res)  # the unfused add (+ next norm)
 
     def fused(**cfg):
         extra = {"residual": res} if fusion == "residual" else {}
@@ -91,13 +69,18 @@ def measure(name: str, n: int, k: int, fusion: str, m: int, repeat: int, sweep: 
     point = {"gemm": name, "rows": m, "n": n, "k": k, "max_rel_err": err,
              "unfused_us": graph_time_us(unfused, repeat), "fused_us": graph_time_us(fused(), repeat)}  # fmt: skip
     point["speedup"] = point["unfused_us"] / point["fused_us"]
+    for variant in ("gemv", "dot"):
+        point[f"{variant}_us"] = graph_time_us(fused(variant=variant), repeat)
     if sweep:
         times = {}
-        for bn, bk, nwarps in itertools.product((16, 32, 64), (64, 128, 256), (2, 4, 8)):
-            key = f"bn{bn}_bk{bk}_w{nwarps}"
+        configs = [("gemv", bn, 0, w) for bn in (4, 8, 16) for w in (2, 4, 8)] if m <= 8 else []
+        configs += [("dot", bn, bk, w) for bn in (16, 32) for bk in (64, 128, 256) for w in (2, 4)]
+        for variant, bn, bk, nwarps in configs:
+            key = f"{variant}_bn{bn}_bk{bk}_w{nwarps}"
+            cfg = {"variant": variant, "block_n": bn, "num_warps": nwarps, **({"block_k": bk} if bk else {})}
             try:
-                times[key] = graph_time_us(fused(block_n=bn, block_k=bk, num_warps=nwarps), repeat)
-            except Exception as e:  # noqa: BLE001 -- a config the compiler rejects (e.g. out of shared memory)
+                times[key] = graph_time_us(fused(**cfg), repeat)
+            except Exception as e:  # noqa: BLE001 -- a config the compiler rejects (e.g. out of registers)
                 times[key] = repr(e)[:120]
         best = min((v, key) for key, v in times.items() if isinstance(v, float))
         point["sweep_us"], point["best"] = times, {"config": best[1], "us": best[0]}
@@ -110,16 +93,20 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-rows", default="1,4,16", help="Row counts that --sweep covers.")
     args = ap.parse_args()
     torch.manual_seed(0)
     results = []
     for name, (n, k, fusion) in SHAPES.items():
         for m in map(int, args.rows.split(",")):
-            point = measure(name, n, k, fusion, m, args.repeat, args.sweep)
+            sweep = args.sweep and str(m) in args.sweep_rows.split(",")
+            point = measure(name, n, k, fusion, m, args.repeat, sweep)
             results.append(point)
+            with open(args.output, "w") as f:
+                json.dump(
+                    {"environment": environment(), "repeat": args.repeat, "points": results}, f, indent=1
+                )
             print(json.dumps({q: v for q, v in point.items() if q != "sweep_us"}), flush=True)
-    with open(args.output, "w") as f:
-        json.dump({"environment": environment(), "repeat": args.repeat, "points": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ import triton.language as tl
 from ._dispatch import Backend, use_triton
 
 MAX_ROWS = 16  # rows of x one launch handles (one BLOCK_M tile)
+GEMV_MAX_ROWS = 4  # up to this many rows: the gemv form (weights in registers, rows looped)
+GEMV_MAX_K = 4096  # the gemv form holds a whole weight row slice [BLOCK_N, K] in registers
+GEMV_TILE = 8192  # weight elements per program in the gemv form (BLOCK_N = GEMV_TILE / K, padded)
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 
@@ -119,6 +122,71 @@ def _skinny_linear_kernel(
         r = tl.load(r_ptrs, mask=mask, other=0.0)
         y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
     tl.store(out_ptr + rm[:, None].to(tl.int64) * out_stride + rn[None, :], y, mask=mask)
+
+
+@triton.jit
+def _skinny_gemv_kernel(
+    x_ptr,  # [ROWS, K]
+    w_ptr,  # [N, K] ([2N, K] with ACT >= 0)
+    b_ptr,  # [N] (HAS_BIAS)
+    nw_ptr,  # [K] (NORM > 0)
+    res_ptr,  # [ROWS, N] (RESIDUAL; also the output)
+    out_ptr,  # [ROWS, N]
+    N,
+    K,
+    x_stride,
+    w_stride,
+    res_stride,
+    out_stride,
+    eps,
+    HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr,
+    ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr,  # rows of x, each reusing the weight tile held in registers
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # >= K: the whole reduction in one load (one memory round trip per program)
+):
+    """The few-row form: each program loads its [BLOCK_N, K] weight slice once, then for every row computes
+    the norm (one pass: the row is in registers) and the products as fp32 multiply + row sums."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_mask = rn < N
+    k_mask = rk < K
+    w_tile = w_ptr + rn[:, None].to(tl.int64) * w_stride + rk[None, :]
+    w = tl.load(w_tile, mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+    if ACT >= 0:
+        wu = tl.load(w_tile + N * w_stride, mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+    if NORM > 0:
+        nw = tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
+        if NORM == 2:
+            nw = nw + 1.0
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    for m in tl.static_range(ROWS):
+        xv = tl.load(x_ptr + m * x_stride + rk, mask=k_mask, other=0.0)
+        xf = xv.to(tl.float32)
+        if NORM > 0:
+            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / K + eps)
+            xf = ((xf * rstd) * nw).to(w_ptr.dtype.element_ty).to(tl.float32)
+        acc = tl.sum(w * xf[None, :], axis=1)
+        if HAS_BIAS:
+            acc += bias
+        y = acc.to(dtype)
+        if ACT >= 0:
+            g = y.to(tl.float32)
+            if ACT == 0:
+                a = g / (1.0 + tl.exp(-g))
+            else:
+                inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+                a = 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0))
+            up = tl.sum(wu * xf[None, :], axis=1).to(dtype)
+            y = (a.to(dtype).to(tl.float32) * up.to(tl.float32)).to(dtype)
+        if RESIDUAL:
+            r = tl.load(res_ptr + m * res_stride + rn, mask=n_mask, other=0.0)
+            y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
+        tl.store(out_ptr + m * out_stride + rn, y, mask=n_mask)
 
 
 def _check_args(
@@ -213,8 +281,11 @@ def skinny_linear_triton(
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int = 4,
+    variant: str | None = None,
 ) -> torch.Tensor:
-    """Triton launcher of :func:`skinny_linear` (``block_n`` / ``block_k`` / ``num_warps`` for tuning)."""
+    """Triton launcher of :func:`skinny_linear`. ``variant``: ``"gemv"`` (whole-K weight tile in registers,
+    rows looped; the default for <= ``GEMV_MAX_ROWS`` rows), ``"dot"`` (tensor-core tiles over K); ``block_n``
+    / ``block_k`` / ``num_warps`` for tuning (``block_k`` is K itself, padded, in the gemv form)."""
     n = _check_args(x, weight, bias, norm_weight, residual, activation)
     m, k = x.shape
     if m > MAX_ROWS:
@@ -231,9 +302,33 @@ def skinny_linear_triton(
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
+    dummy = out
+    if variant is None:
+        variant = "gemv" if m <= GEMV_MAX_ROWS and k <= GEMV_MAX_K else "dot"
+    if variant == "gemv":
+        bk = triton.next_power_of_2(k)
+        bn = block_n or max(2, min(64, GEMV_TILE // bk // (2 if activation else 1)))
+        _skinny_gemv_kernel[(triton.cdiv(n, bn),)](
+            x, weight,
+            bias if bias is not None else dummy,
+            norm_weight if norm_weight is not None else dummy,
+            residual if residual is not None else dummy,
+            out,
+            n, k,
+            x.stride(0), weight.stride(0), out.stride(0), out.stride(0),
+            float(eps),
+            HAS_BIAS=bias is not None,
+            NORM=0 if norm_weight is None else (2 if norm_offset else 1),
+            ACT=-1 if activation is None else ACTIVATIONS.index(activation),
+            RESIDUAL=residual is not None,
+            ROWS=m, BLOCK_N=bn, BLOCK_K=bk,
+            num_warps=num_warps,
+        )  # fmt: skip
+        return out
+    if variant != "dot":
+        raise ValueError(f"variant must be 'gemv', 'dot' or None, got {variant!r}")
     bn = block_n or _block_n(n)
     bk = block_k or (128 if k >= 1024 else 64)
-    dummy = out
     _skinny_linear_kernel[(triton.cdiv(n, bn),)](
         x, weight,
         bias if bias is not None else dummy,
@@ -285,7 +380,11 @@ def skinny_linear(
     Not differentiable on the Triton path. ``backend="auto"`` runs Triton on CUDA tensors, torch otherwise.
     """
     kwargs = {
-        "norm_weight": norm_weight, "eps": eps, "norm_offset": norm_offset, "activation": activation, "residual": residual
+        "norm_weight": norm_weight,
+        "eps": eps,
+        "norm_offset": norm_offset,
+        "activation": activation,
+        "residual": residual,
     }
     if use_triton(backend, x):
         return skinny_linear_triton(x, weight, bias, **kwargs)

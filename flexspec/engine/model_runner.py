@@ -96,6 +96,8 @@ class ModelRunner:
                 m.cos, m.sin = m.cos.float(), m.sin.float()
         self.model.eval()
         self.load_seconds = time.perf_counter() - t0
+        if self.device.type == "cuda" and self.tp.size == 1 and hasattr(self.model, "tune_skinny"):
+            self._tune_skinny()
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.block_size = config.kv_block_size
         self.max_blocks_per_seq = -(-config.max_model_len // self.block_size)
@@ -108,6 +110,22 @@ class ModelRunner:
             from flexspec.spec.spec_worker import SpecDecodeWorker
 
             self.spec_worker = SpecDecodeWorker(self, config.speculative_config)
+
+    def _tune_skinny(self) -> None:
+        """Which decode / small verification steps take the skinny fused GEMMs ("auto": measured here)."""
+        from flexspec.layers import fused
+
+        if fused.SKINNY != "auto" or not fused.ENABLED:
+            return
+        try:
+            rows = self.model.tune_skinny()
+        except Exception as e:  # noqa: BLE001 - a kernel that fails to compile here must not stop serving
+            log.warning("skinny fused GEMMs disabled (%s: %s)", type(e).__name__, e)
+            self.model.skinny_max_rows = 0
+            return
+        log.info(
+            "skinny fused GEMMs for steps of <= %d tokens (us per layer: %s)", rows, self.model.skinny_timing
+        )
 
     # ---- memory -------------------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:

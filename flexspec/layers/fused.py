@@ -21,19 +21,51 @@ def use_fused(x: torch.Tensor, *params: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
 
 
-# "auto": skinny fused GEMMs (``kernels.skinny_linear``) for CUDA steps of <= MAX_ROWS tokens; "off": never;
-# "torch": also on CPU, through their torch reference (tests use it to check the fused decoder's data flow).
+# Skinny fused GEMMs (``kernels.skinny_linear``) for decoder steps of few tokens:
+#   "auto": on CUDA, for the row counts where a start-up measurement found them faster (``skinny_max_rows``);
+#   "on": on CUDA for every step of <= 16 rows; "off": never;
+#   "torch": also on CPU, through their torch reference (tests use it to check the fused decoder's data flow).
 SKINNY = os.environ.get("FLEXSPEC_SKINNY_LINEAR", "auto").lower()
 if SKINNY in ("0", "false", "no"):
     SKINNY = "off"
+elif SKINNY in ("1", "true", "yes"):
+    SKINNY = "on"
 
 
-def use_skinny(x: torch.Tensor, *params: torch.Tensor) -> bool:
-    """True when a decoder step over ``x`` [T, H] should use the skinny fused GEMMs (T <= 16 rows)."""
+def use_skinny(x: torch.Tensor, *params: torch.Tensor, max_rows: int | None = None) -> bool:
+    """True when a decoder step over ``x`` [T, H] should use the skinny fused GEMMs: T <= ``max_rows`` (the
+    measured limit in "auto" mode; at most ``kernels.skinny_linear.MAX_ROWS``)."""
     from kernels.skinny_linear import MAX_ROWS
 
-    if SKINNY == "off" or x.dim() != 2 or x.shape[0] > MAX_ROWS:
+    rows = MAX_ROWS if max_rows is None or SKINNY != "auto" else min(max_rows, MAX_ROWS)
+    if SKINNY == "off" or x.dim() != 2 or x.shape[0] > rows:
         return False
     if SKINNY == "torch":
         return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
     return use_fused(x, *params)
+
+
+def graph_time_us(fn, repeat: int = 20, trials: int = 10) -> float:
+    """Median time per call of ``fn`` (CUDA work, no host sync inside) replayed ``repeat`` times in one CUDA
+    graph, over ``trials`` replays, in microseconds: what a captured decode step pays for it (launching it
+    from Python would cost more than a ~2 us kernel)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # compiles, and settles the caching allocator outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            fn()
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / repeat)
+    del graph
+    return sorted(times)[len(times) // 2]

@@ -209,6 +209,49 @@ class LlamaForCausalLM(nn.Module):
             layer.mlp.gate_up_proj.bias is None and hasattr(layer.mlp.act, "activation")
             for layer in self.layers
         )
+        self.skinny_max_rows = 0  # "auto" mode: set by ``tune_skinny`` on CUDA
+        self.skinny_timing: dict[int, dict[str, float]] = {}
+
+    @torch.inference_mode()
+    def tune_skinny(self, rows: tuple[int, ...] = (1, 2, 4, 8, 16)) -> int:
+        """Measures, for each row count, one decoder layer's four GEMMs with their neighbouring ops unfused
+        (norm + QKV, O, add + norm + gate-up + activation, down; cuBLAS + Triton) and fused
+        (``forward_skinny``'s four launches), each as a CUDA graph on this GPU with layer 0's weights. Sets and
+        returns ``skinny_max_rows``: the largest row count up to which the fused form was faster at every
+        measured count (0: never). Timings (us per layer) go to ``skinny_timing``."""
+        from flexspec.layers.fused import graph_time_us
+
+        layer = self.layers[0]
+        attn, mlp = layer.self_attn, layer.mlp
+        ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+        n1 = {"norm_weight": ln1.weight, "eps": ln1.eps, "norm_offset": ln1.offset}
+        n2 = {"norm_weight": ln2.weight, "eps": ln2.eps, "norm_offset": ln2.offset}
+        w = next(self.parameters())
+        self.skinny_max_rows, self.skinny_timing = 0, {}
+        faster_so_far = True
+        for r in rows:
+            h = torch.randn(r, self.spec.hidden_size, device=w.device, dtype=w.dtype)
+            res = h.clone()
+            o = torch.randn(r, attn.qkv_proj.q_size, device=w.device, dtype=w.dtype)
+
+            def unfused(h=h, res=res, o=o):
+                x, rr = ln1.forward_residual(h, res)
+                attn.qkv_proj(x)
+                x, rr = ln2.forward_residual(attn.o_proj(o), rr)
+                return mlp.down_proj(mlp.act(mlp.gate_up_proj(x)))
+
+            def fused(res=res, o=o):
+                skinny_linear(res, attn.qkv_proj.weight, attn.qkv_proj.bias, **n1)
+                skinny_linear(o, attn.o_proj.weight, attn.o_proj.bias, residual=res)
+                act = skinny_linear(res, mlp.gate_up_proj.weight, activation=mlp.act.activation, **n2)
+                return skinny_linear(act, mlp.down_proj.weight, mlp.down_proj.bias, residual=res)
+
+            t = {"unfused_us": graph_time_us(unfused), "fused_us": graph_time_us(fused)}
+            self.skinny_timing[r] = t
+            faster_so_far = faster_so_far and t["fused_us"] < t["unfused_us"]
+            if faster_so_far:
+                self.skinny_max_rows = r
+        return self.skinny_max_rows
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -227,7 +270,12 @@ class LlamaForCausalLM(nn.Module):
         """
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         captured: list[torch.Tensor] = []
-        if side is None and self.tp.size == 1 and self.skinny_ok and use_skinny(x):
+        if (
+            side is None
+            and self.tp.size == 1
+            and self.skinny_ok
+            and use_skinny(x, max_rows=self.skinny_max_rows)
+        ):
             h = x if inputs_embeds is None else x.clone()  # the residual stream, updated in place
             for i, layer in enumerate(self.layers):
                 layer.forward_skinny(h, meta)

@@ -172,4 +172,4 @@ def test_mixed_graphs_replayed_on_gpu_match_eager(turnover_case):
     run = graphs.run
     graphs.run = lambda inp: replays.__setitem__("n", replays["n"] + 1) or run(inp)
     assert [o.token_ids for o in eng.generate(prompts, params)] == want
-    assert replays["n"] >= len(prompts)
+    assert replays["n"] >= -(-len(prompts) // 4)  # 4 sequences at a time: at least 3 steps prefill

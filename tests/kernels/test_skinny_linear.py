@@ -37,10 +37,11 @@ CASES = {
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 5, MAX_ROWS])
+@pytest.mark.parametrize("variant", ["gemv", "dot"])
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS])
 @pytest.mark.parametrize("n,k", [(96, 576), (50, 70)])  # 70 / 50: K and N not multiples of the tiles
 @pytest.mark.parametrize("case", list(CASES))
-def test_skinny_linear_triton_matches_reference(case, n, k, rows, dtype, device):
+def test_skinny_linear_triton_matches_reference(case, n, k, rows, variant, dtype, device):
     c = CASES[case]
     g = torch.Generator().manual_seed(rows * 1000 + n)
     x = (torch.randn(rows, k, generator=g) * 2).to(device, dtype)
@@ -54,7 +55,7 @@ def test_skinny_linear_triton_matches_reference(case, n, k, rows, dtype, device)
     want = _brute(x.cpu(), w.cpu(), None if b is None else b.cpu(), None if nw is None else nw.cpu(), 1e-6,
                   c.get("offset", False), c.get("act"), None if res is None else res.cpu())  # fmt: skip
     ref = skinny_linear_ref(x, w, b, residual=res_ref, **kw)
-    got = skinny_linear_triton(x, w, b, residual=res, **kw)
+    got = skinny_linear_triton(x, w, b, residual=res, variant=variant, **kw)
     assert got.shape == (rows, out_n) and got.dtype == dtype
     if res is not None:
         assert got.data_ptr() == res.data_ptr() and ref.data_ptr() == res_ref.data_ptr()  # in place
@@ -92,5 +93,7 @@ def test_skinny_linear_errors(device):
         skinny_linear(x, w, residual=torch.zeros(3, 9, device=device))
     with pytest.raises(ValueError, match="norm_weight must be"):
         skinny_linear(x, w, norm_weight=torch.ones(8, device=device))
+    with pytest.raises(ValueError, match="variant must be"):
+        skinny_linear_triton(x, w, variant="split_k")
     with pytest.raises(ValueError, match="at most 16 rows"):
         skinny_linear_triton(torch.randn(MAX_ROWS + 1, 32, device=device), w)
