@@ -338,6 +338,9 @@ def cuda_graph_summary(engine: Any) -> dict[str, Any]:
     return {
         "decode_graph_query_lens": [g.q for g in runner.graphs],
         "mixed_graph_num_tokens": list(mixed.sizes) if mixed is not None else None,
+        # steps of up to this many tokens take the skinny fused GEMMs, and the start-up timing that chose it
+        "skinny_max_rows": getattr(runner.model, "skinny_max_rows", None),
+        "skinny_timing_us": getattr(runner.model, "skinny_timing", None),
     }
 
 
