@@ -30,7 +30,7 @@ import triton.language as tl
 from ._dispatch import Backend, use_triton
 
 MAX_ROWS = 16  # rows of x one launch handles (one BLOCK_M tile)
-GEMV_MAX_ROWS = 4  # up to this many rows: the gemv form (weights in registers, rows looped)
+GEMV_MAX_ROWS = 2  # up to this many rows: the gemv form (H200: faster than the dot form at 1-2 rows, not 4)
 GEMV_MAX_K = 4096  # the gemv form holds a whole weight row slice [BLOCK_N, K] in registers
 GEMV_TILE = 8192  # weight elements per program in the gemv form (BLOCK_N = GEMV_TILE / K, padded)
 ACTIVATIONS = ("silu", "gelu_tanh")

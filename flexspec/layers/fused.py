@@ -26,6 +26,7 @@ def use_fused(x: torch.Tensor, *params: torch.Tensor) -> bool:
 #   "on": on CUDA for every step of <= 16 rows; "off": never;
 #   "torch": also on CPU, through their torch reference (tests use it to check the fused decoder's data flow).
 SKINNY = os.environ.get("FLEXSPEC_SKINNY_LINEAR", "auto").lower()
+SKINNY_MIN_GAIN = 0.05  # "auto" takes the fused form where it measured >= 5% faster (timing noise)
 if SKINNY in ("0", "false", "no"):
     SKINNY = "off"
 elif SKINNY in ("1", "true", "yes"):

@@ -214,41 +214,48 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def tune_skinny(self, rows: tuple[int, ...] = (1, 2, 4, 8, 16)) -> int:
-        """Measures, for each row count, one decoder layer's four GEMMs with their neighbouring ops unfused
-        (norm + QKV, O, add + norm + gate-up + activation, down; cuBLAS + Triton) and fused
-        (``forward_skinny``'s four launches), each as a CUDA graph on this GPU with layer 0's weights. Sets and
-        returns ``skinny_max_rows``: the largest row count up to which the fused form was faster at every
-        measured count (0: never). Timings (us per layer) go to ``skinny_timing``."""
-        from flexspec.layers.fused import graph_time_us
+        """Measures, for each row count, the decoder's GEMMs with their neighbouring ops unfused (add + norm +
+        QKV, O, add + norm + gate-up + activation, down: Triton + cuBLAS) and fused (``forward_skinny``'s four
+        launches), over every layer's weights (as a decode step reads them: from HBM, not from L2), each as
+        one CUDA graph on this GPU. Sets and returns ``skinny_max_rows``: the largest row count up to which
+        the fused form was faster by >= ``SKINNY_MIN_GAIN`` at every measured count (0: never). Timings (us
+        per layer) go to ``skinny_timing``."""
+        from flexspec.layers.fused import SKINNY_MIN_GAIN, graph_time_us
 
-        layer = self.layers[0]
-        attn, mlp = layer.self_attn, layer.mlp
-        ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-        n1 = {"norm_weight": ln1.weight, "eps": ln1.eps, "norm_offset": ln1.offset}
-        n2 = {"norm_weight": ln2.weight, "eps": ln2.eps, "norm_offset": ln2.offset}
         w = next(self.parameters())
         self.skinny_max_rows, self.skinny_timing = 0, {}
         faster_so_far = True
         for r in rows:
             h = torch.randn(r, self.spec.hidden_size, device=w.device, dtype=w.dtype)
             res = h.clone()
-            o = torch.randn(r, attn.qkv_proj.q_size, device=w.device, dtype=w.dtype)
+            o = torch.randn(r, self.layers[0].self_attn.qkv_proj.q_size, device=w.device, dtype=w.dtype)
 
             def unfused(h=h, res=res, o=o):
-                x, rr = ln1.forward_residual(h, res)
-                attn.qkv_proj(x)
-                x, rr = ln2.forward_residual(attn.o_proj(o), rr)
-                return mlp.down_proj(mlp.act(mlp.gate_up_proj(x)))
+                for layer in self.layers:
+                    attn, mlp = layer.self_attn, layer.mlp
+                    x, rr = layer.input_layernorm.forward_residual(h, res)
+                    attn.qkv_proj(x)
+                    x, rr = layer.post_attention_layernorm.forward_residual(attn.o_proj(o), rr)
+                    mlp.down_proj(mlp.act(mlp.gate_up_proj(x)))
 
             def fused(res=res, o=o):
-                skinny_linear(res, attn.qkv_proj.weight, attn.qkv_proj.bias, **n1)
-                skinny_linear(o, attn.o_proj.weight, attn.o_proj.bias, residual=res)
-                act = skinny_linear(res, mlp.gate_up_proj.weight, activation=mlp.act.activation, **n2)
-                return skinny_linear(act, mlp.down_proj.weight, mlp.down_proj.bias, residual=res)
+                for layer in self.layers:
+                    attn, mlp = layer.self_attn, layer.mlp
+                    ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+                    n1 = {"norm_weight": ln1.weight, "eps": ln1.eps, "norm_offset": ln1.offset}
+                    n2 = {"norm_weight": ln2.weight, "eps": ln2.eps, "norm_offset": ln2.offset}
+                    skinny_linear(res, attn.qkv_proj.weight, attn.qkv_proj.bias, **n1)
+                    skinny_linear(o, attn.o_proj.weight, attn.o_proj.bias, residual=res)
+                    act = skinny_linear(res, mlp.gate_up_proj.weight, activation=mlp.act.activation, **n2)
+                    skinny_linear(act, mlp.down_proj.weight, mlp.down_proj.bias, residual=res)
 
-            t = {"unfused_us": graph_time_us(unfused), "fused_us": graph_time_us(fused)}
+            n = len(self.layers)
+            t = {
+                "unfused_us": graph_time_us(unfused, repeat=1) / n,
+                "fused_us": graph_time_us(fused, repeat=1) / n,
+            }
             self.skinny_timing[r] = t
-            faster_so_far = faster_so_far and t["fused_us"] < t["unfused_us"]
+            faster_so_far = faster_so_far and t["fused_us"] * (1 + SKINNY_MIN_GAIN) < t["unfused_us"]
             if faster_so_far:
                 self.skinny_max_rows = r
         return self.skinny_max_rows
