@@ -3,10 +3,13 @@
     python -m bench.skinny_bench --output skinny.json [--rows 1,2,4,8,16] [--sweep [--sweep-rows 1,4,16]]
 
 For each GEMM of a decoder layer of the default model (hidden 576, intermediate 1536, 9 / 3 heads of 64) and
-each row count: the time per call of the fused op and of the unfused sequence (Triton RMSNorm / activation /
-residual add + cuBLAS ``F.linear``), each fused form (``gemv``, ``dot``) too, all measured as a CUDA graph of ``--repeat`` back-to-back calls (what a
-decode step replays; launch overhead from Python would otherwise dominate a ~2 us kernel). ``--sweep`` also
-times other tile configurations (block_n, block_k, num_warps). JSON out, with the machine.
+each row count: the time per call of the fused op (and of each form, ``gemv`` and ``dot``) and of the unfused
+sequence (Triton RMSNorm / activation / residual add + cuBLAS ``F.linear``), each measured as a CUDA graph of
+``--repeat`` back-to-back calls (what a decode step replays; launched from Python, overhead would dominate a
+~2 us kernel). Each call reuses one weight (1-3.5 MB, L2-resident after the first call), so this is an upper
+bound of the fused gain: the engine's start-up measurement (``LlamaForCausalLM.tune_skinny``) reads every
+layer's weights from HBM. ``--sweep`` also times other tile configurations (block_n, block_k, num_warps).
+JSON out, with the machine.
 """
 
 from __future__ import annotations
