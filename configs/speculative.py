@@ -33,6 +33,13 @@ class _SpecBase(BaseModel):
         "drafter supports it (DFlash, FlexDraft decoupled; one TP rank); false = verify on the host, then "
         "draft (the general path, for A/B checks).",
     )
+    separate_prefill_steps: bool = Field(
+        False,
+        description="While running requests have draft tokens to verify, prefill arriving prompts in steps "
+        "of their own (those requests wait one step) instead of next to the verification queries, so every "
+        "verification step stays a pure decode step (device-side verification, decode CUDA graphs); false = "
+        "mix them in one step (verified on the host).",
+    )
 
     @model_validator(mode="after")
     def _parallel_needs_flexdraft(self) -> _SpecBase:

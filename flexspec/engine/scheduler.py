@@ -70,6 +70,48 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
+        """The next step's sequences and token counts (see the module doc). With the speculative config's
+        ``separate_prefill_steps``, a step that prefills carries no decode or verification queries while
+        running requests have drafts to verify: those wait one step (see ``_defers_decodes``)."""
+        if self._defers_decodes():
+            out = self._schedule(defer_decodes=True)
+            if out.scheduled:
+                return out
+            more = self._schedule(defer_decodes=False)  # nothing could be prefilled after all
+            return SchedulerOutput(more.scheduled, out.preempted + more.preempted)
+        return self._schedule(defer_decodes=False)
+
+    def _defers_decodes(self) -> bool:
+        """Whether this step should prefill only: separate prefill steps are on, some running request has
+        draft tokens to verify, and a prompt is waiting to be admitted or still being prefilled (chunked).
+
+        Why: a verification step that also prefills cannot take the device-side verification path nor the
+        decode CUDA graphs; it verifies on the host. Prefilling first (as vLLM's V0 scheduler always did)
+        keeps every verification step pure, at the cost of one step in which running requests wait."""
+        spec = self.config.speculative_config
+        if spec is None or not getattr(spec, "separate_prefill_steps", False):
+            return False
+        decoding, prefilling = False, False
+        for seq in self.running:
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            if len(seq.token_ids) - seq.num_computed_tokens > 1:
+                prefilling = True
+            elif seq.draft_token_ids:
+                decoding = True
+        if not decoding:
+            return False
+        if prefilling:
+            return True
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return False
+        seq = self.waiting[0]
+        n = min(seq.num_uncomputed_tokens, self.config.max_num_batched_tokens)
+        if n < seq.num_uncomputed_tokens and not self.config.enable_chunked_prefill:
+            return False
+        return self.block_manager.can_allocate(seq, seq.num_computed_tokens + n)
+
+    def _schedule(self, defer_decodes: bool) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         max_len = self.config.max_model_len
         scheduled: list[ScheduledSequence] = []
@@ -82,6 +124,8 @@ class Scheduler:
                 continue
             computed = seq.num_computed_tokens
             uncomputed = len(seq.token_ids) - computed
+            if defer_decodes and uncomputed <= 1:
+                continue  # a decode / verification query: it waits for the prefill step
             # Draft tokens must fit the budget and max_model_len; otherwise verify fewer of them.
             room = min(budget, max_len - computed)
             drafts = max(0, min(len(seq.draft_token_ids), room - uncomputed))

@@ -34,16 +34,18 @@ elif SKINNY in ("1", "true", "yes"):
 
 
 def use_skinny(x: torch.Tensor, *params: torch.Tensor, max_rows: int | None = None) -> bool:
-    """True when a decoder step over ``x`` [T, H] should use the skinny fused GEMMs: T <= ``max_rows`` (the
-    measured limit in "auto" mode; at most ``kernels.skinny_linear.MAX_ROWS``)."""
+    """True when a decoder step over ``x`` [T, H] should use the skinny fused GEMMs: 0 < T <= ``max_rows`` (the
+    measured limit in "auto" mode; at most ``kernels.skinny_linear.MAX_ROWS``), gradients off (inference /
+    no_grad: the layer weights of a model being trained must not go through it), and on CUDA with the fused
+    kernels enabled unless the mode is "torch"."""
     from kernels.skinny_linear import MAX_ROWS
 
     rows = MAX_ROWS if max_rows is None or SKINNY != "auto" else min(max_rows, MAX_ROWS)
-    if SKINNY == "off" or x.dim() != 2 or x.shape[0] > rows:
+    if SKINNY == "off" or x.dim() != 2 or not 0 < x.shape[0] <= rows:
         return False
-    if SKINNY == "torch":
-        return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
-    return use_fused(x, *params)
+    if torch.is_grad_enabled():  # in-place residual updates and Triton kernels have no backward
+        return False
+    return SKINNY == "torch" or use_fused(x, *params)
 
 
 def graph_time_us(fn, repeat: int = 20, trials: int = 10) -> float:

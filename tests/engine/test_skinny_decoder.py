@@ -61,16 +61,60 @@ def test_dflash_verification_through_skinny_path_is_exact(case, skinny_calls, mo
     assert 10 in skinny_calls["rows"], skinny_calls
 
 
-def test_skinny_path_only_where_it_applies(engine, monkeypatch):
-    """Off by default on CPU, never for more than 16 rows, never while gradients are needed."""
+def test_skinny_path_only_where_it_applies(monkeypatch):
+    """Off by default on CPU, never for more than 16 rows (nor 0), never while gradients are enabled (a model
+    whose layers train behind a frozen embedding: x needs no gradient, the weights do)."""
     x = torch.zeros(4, 8)
-    assert not fused.use_skinny(x)  # "auto" on CPU
-    monkeypatch.setattr(fused, "SKINNY", "torch")
-    assert fused.use_skinny(x) and not fused.use_skinny(torch.zeros(17, 8))
-    w = torch.nn.Parameter(torch.zeros(8))
-    assert not fused.use_skinny(x, w) and fused.use_skinny(x.detach(), w.detach())
+    with torch.no_grad():
+        assert not fused.use_skinny(x)  # "auto" on CPU
+        monkeypatch.setattr(fused, "SKINNY", "torch")
+        assert fused.use_skinny(x) and not fused.use_skinny(torch.zeros(17, 8))
+        assert not fused.use_skinny(torch.zeros(0, 8))
+    assert not fused.use_skinny(x)  # gradients enabled
     monkeypatch.setattr(fused, "SKINNY", "off")
-    assert not fused.use_skinny(x)
+    with torch.no_grad():
+        assert not fused.use_skinny(x)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_skinny_path_with_qkv_bias_and_qk_norms(engine, family, tmp_path, monkeypatch):
+    """Qwen2 (q/k/v biases) and Qwen3 (q/k RMSNorms) through the fused data flow: the same greedy tokens as the
+    unfused layers (fp32 CPU, the skinny-CPU matmul form off on both sides, since the torch reference of the
+    fused GEMMs uses ``F.linear``: the two paths then compute the same sums)."""
+    import shutil
+    from pathlib import Path
+
+    import transformers
+
+    from flexspec.layers import linear
+
+    torch.manual_seed(0)
+    cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[family]
+    cfg = cls(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True,
+              bos_token_id=1, eos_token_id=2, initializer_range=0.2)  # fmt: skip
+    model_cls = {"qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}[family]
+    m = model_cls(cfg)
+    if family == "qwen2":
+        with torch.no_grad():  # non-zero biases, so that dropping one shows
+            for layer in m.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    m.save_pretrained(tmp_path, safe_serialization=True)
+    src = Path(engine.executor.model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src / name).is_file():
+            shutil.copy(src / name, tmp_path / name)
+    monkeypatch.setattr(linear, "SKINNY_CPU_ROWS", (2, 0))  # F.linear everywhere
+    prompts = [[1, 5, 9, 200, 31], [1, 77, 3], [1, 4000, 12, 12, 8, 9, 10]]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    runs = []
+    for mode in ("off", "torch"):
+        monkeypatch.setattr(fused, "SKINNY", mode)
+        eng = LLMEngine(EngineConfig(model=str(tmp_path), max_model_len=256, device="cpu", max_num_seqs=3))
+        outs = eng.generate(prompts, params)
+        runs.append([o.token_ids for o in outs])
+    assert runs[0] == runs[1]
 
 
 @pytest.mark.gpu
@@ -81,7 +125,7 @@ def test_skinny_path_on_gpu_matches_unfused_layers(case, dtype, skinny_calls, mo
     prompts, params, _ = case
     cfg = EngineConfig(model=DEFAULT_MODEL, max_model_len=1024, device="cuda", dtype=dtype, max_num_seqs=8)
     outs = []
-    for mode in ("off", "auto"):
+    for mode in ("off", "on"):  # "on", not "auto": the start-up measurement may choose no row count
         monkeypatch.setattr(fused, "SKINNY", mode)
         eng = LLMEngine(cfg)
         outs.append([o.token_ids for o in eng.generate(prompts, params)])
