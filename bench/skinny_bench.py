@@ -85,7 +85,8 @@ def measure(name: str, n: int, k: int, fusion: str, m: int, repeat: int, sweep: 
                 times[key] = graph_time_us(fused(**cfg), repeat)
             except Exception as e:  # noqa: BLE001 -- a config the compiler rejects (e.g. out of registers)
                 times[key] = repr(e)[:120]
-        best = min((v, key) for key, v in times.items() if isinstance(v, float))
+        ok = [(v, key) for key, v in times.items() if isinstance(v, float)]
+        best = min(ok) if ok else (None, None)
         point["sweep_us"], point["best"] = times, {"config": best[1], "us": best[0]}
     return point
 
