@@ -36,7 +36,7 @@ def _run(prompts, params, separate: bool):
 @pytest.fixture(scope="module")
 def case(engine):
     prompts = real_prompts(engine, n_each=2)  # 6 prompts through 2 slots: prompts keep arriving
-    params = SamplingParams(max_tokens=16, temperature=0)
+    params = SamplingParams(max_tokens=10, temperature=0)
     return prompts, params, [o.token_ids for o in engine.generate(prompts, params)]
 
 
