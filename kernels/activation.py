@@ -18,6 +18,16 @@ ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 @triton.jit
+def act_fn(g, ACT: tl.constexpr):
+    """fp32 ``g`` -> SiLU(g) (ACT 0) or tanh-approximated GELU(g) (ACT 1); shared with ``kernels.skinny_linear``."""
+    if ACT == 0:
+        return g / (1.0 + tl.exp(-g))
+    inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+    # tanh(x) = 1 - 2 / (exp(2x) + 1): portable (no libdevice), saturates cleanly at +-1.
+    return 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0))
+
+
+@triton.jit
 def _act_and_mul_kernel(
     x_ptr,  # [N, 2d]
     out_ptr,  # [N, d]
@@ -32,14 +42,7 @@ def _act_and_mul_kernel(
     mask = cols < d
     gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0)
-    g = gate.to(tl.float32)
-    if ACT == 0:
-        a = g / (1.0 + tl.exp(-g))
-    else:
-        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        # tanh(x) = 1 - 2 / (exp(2x) + 1): portable (no libdevice), saturates cleanly at +-1.
-        a = 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0))
-    a = a.to(gate.dtype).to(tl.float32)
+    a = act_fn(gate.to(tl.float32), ACT).to(gate.dtype).to(tl.float32)
     y = a * up.to(tl.float32)
     tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 

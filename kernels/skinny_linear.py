@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 
 from ._dispatch import Backend, use_triton
+from .activation import act_and_mul_ref, act_fn
+from .norm import rms_norm_ref
 
 MAX_ROWS = 16  # rows of x one launch handles (one BLOCK_M tile)
 GEMV_MAX_ROWS = 2  # up to this many rows: the gemv form (H200: faster than the dot form at 1-2 rows, not 4)
@@ -109,13 +111,8 @@ def _skinny_linear_kernel(
     dtype = out_ptr.dtype.element_ty
     y = acc.to(dtype)
     if ACT >= 0:
-        g = y.to(tl.float32)
-        if ACT == 0:
-            a = g / (1.0 + tl.exp(-g))
-        else:
-            inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-            a = 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0))  # tanh without libdevice
-        y = (a.to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
+        a = act_fn(y.to(tl.float32), ACT).to(dtype).to(tl.float32)
+        y = (a * acc_up.to(dtype).to(tl.float32)).to(dtype)
     mask = m_mask[:, None] & n_mask[None, :]
     if RESIDUAL:
         r_ptrs = res_ptr + rm[:, None].to(tl.int64) * res_stride + rn[None, :]
@@ -175,14 +172,9 @@ def _skinny_gemv_kernel(
             acc += bias
         y = acc.to(dtype)
         if ACT >= 0:
-            g = y.to(tl.float32)
-            if ACT == 0:
-                a = g / (1.0 + tl.exp(-g))
-            else:
-                inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-                a = 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0))
+            a = act_fn(y.to(tl.float32), ACT).to(dtype).to(tl.float32)
             up = tl.sum(wu * xf[None, :], axis=1).to(dtype)
-            y = (a.to(dtype).to(tl.float32) * up.to(tl.float32)).to(dtype)
+            y = (a * up.to(tl.float32)).to(dtype)
         if RESIDUAL:
             r = tl.load(res_ptr + m * res_stride + rn, mask=n_mask, other=0.0)
             y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
@@ -239,9 +231,6 @@ def skinny_linear_ref(
     residual: torch.Tensor | None = None,  # [M, N], updated in place
 ) -> torch.Tensor:
     """Plain-torch reference (and CPU path) of :func:`skinny_linear`: the unfused ops in their order."""
-    from .activation import act_and_mul_ref
-    from .norm import rms_norm_ref
-
     _check_args(x, weight, bias, norm_weight, residual, activation)
     if norm_weight is not None:
         x = rms_norm_ref(x, norm_weight, eps, norm_offset)

@@ -11,6 +11,8 @@ import os
 
 import torch
 
+from kernels.skinny_linear import MAX_ROWS
+
 ENABLED = os.environ.get("FLEXSPEC_FUSED_KERNELS", "1").lower() not in ("0", "false", "off", "no")
 
 
@@ -38,8 +40,6 @@ def use_skinny(x: torch.Tensor, *params: torch.Tensor, max_rows: int | None = No
     measured limit in "auto" mode; at most ``kernels.skinny_linear.MAX_ROWS``), gradients off (inference /
     no_grad: the layer weights of a model being trained must not go through it), and on CUDA with the fused
     kernels enabled unless the mode is "torch"."""
-    from kernels.skinny_linear import MAX_ROWS
-
     rows = MAX_ROWS if max_rows is None or SKINNY != "auto" else min(max_rows, MAX_ROWS)
     if SKINNY == "off" or x.dim() != 2 or not 0 < x.shape[0] <= rows:
         return False
