@@ -89,7 +89,7 @@ class Scheduler:
         decode CUDA graphs; it verifies on the host. Prefilling first (as vLLM's V0 scheduler always did)
         keeps every verification step pure, at the cost of one step in which running requests wait."""
         spec = self.config.speculative_config
-        if spec is None or not getattr(spec, "separate_prefill_steps", False):
+        if spec is None or not spec.separate_prefill_steps:
             return False
         decoding, prefilling = False, False
         for seq in self.running:

@@ -119,23 +119,31 @@ class LlamaDecoderLayer(nn.Module):
         in place and returned: norm+QKV, RoPE+cache write, attention, O+residual, norm+gate-up+activation,
         down+residual (6 launches on CUDA instead of 9). TP = 1 only (the residual adds follow O and down,
         which at TP > 1 need their all-reduce first). Same rounding points as ``forward``."""
-        attn, mlp = self.self_attn, self.mlp
-        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-        qkv = skinny_linear(
+        return self.skinny_after_attention(self.self_attn.attend(self.skinny_qkv(h), meta), h)
+
+    def skinny_qkv(self, h: torch.Tensor) -> torch.Tensor:
+        """norm + QKV in one launch: [T, H] -> [T, (Hq + 2 Hkv) * D]."""
+        attn, ln = self.self_attn, self.input_layernorm
+        return skinny_linear(
             h,
             attn.qkv_proj.weight,
             attn.qkv_proj.bias,
-            norm_weight=ln1.weight,
-            eps=ln1.eps,
-            norm_offset=ln1.offset,
+            norm_weight=ln.weight,
+            eps=ln.eps,
+            norm_offset=ln.offset,
         )
-        skinny_linear(attn.attend(qkv, meta), attn.o_proj.weight, attn.o_proj.bias, residual=h)
+
+    def skinny_after_attention(self, o: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """O + residual, norm + gate-up + activation, down + residual: attention output [T, Hq * D] into the
+        residual stream ``h`` [T, H] (in place; returned)."""
+        attn, mlp, ln = self.self_attn, self.mlp, self.post_attention_layernorm
+        skinny_linear(o, attn.o_proj.weight, attn.o_proj.bias, residual=h)
         act = skinny_linear(
             h,
             mlp.gate_up_proj.weight,
-            norm_weight=ln2.weight,
-            eps=ln2.eps,
-            norm_offset=ln2.offset,
+            norm_weight=ln.weight,
+            eps=ln.eps,
+            norm_offset=ln.offset,
             activation=mlp.act.activation,
         )
         return skinny_linear(act, mlp.down_proj.weight, mlp.down_proj.bias, residual=h)
@@ -238,16 +246,10 @@ class LlamaForCausalLM(nn.Module):
                     x, rr = layer.post_attention_layernorm.forward_residual(attn.o_proj(o), rr)
                     mlp.down_proj(mlp.act(mlp.gate_up_proj(x)))
 
-            def fused(res=res, o=o):
+            def fused(res=res, o=o):  # forward_skinny without its attention
                 for layer in self.layers:
-                    attn, mlp = layer.self_attn, layer.mlp
-                    ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-                    n1 = {"norm_weight": ln1.weight, "eps": ln1.eps, "norm_offset": ln1.offset}
-                    n2 = {"norm_weight": ln2.weight, "eps": ln2.eps, "norm_offset": ln2.offset}
-                    skinny_linear(res, attn.qkv_proj.weight, attn.qkv_proj.bias, **n1)
-                    skinny_linear(o, attn.o_proj.weight, attn.o_proj.bias, residual=res)
-                    act = skinny_linear(res, mlp.gate_up_proj.weight, activation=mlp.act.activation, **n2)
-                    skinny_linear(act, mlp.down_proj.weight, mlp.down_proj.bias, residual=res)
+                    layer.skinny_qkv(res)
+                    layer.skinny_after_attention(o, res)
 
             n = len(self.layers)
             t = {
