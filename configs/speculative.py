@@ -85,6 +85,14 @@ class DFlashConfig(_SpecBase):
         description="Selective verification: verify drafts while the cumulative product of their drafter "
         "probabilities stays >= this (0 = verify all).",
     )
+    context_backlog: int = Field(
+        64,
+        ge=0,
+        le=4096,
+        description="Plain decoding steps keep the target features of their tokens (up to this many "
+        "positions per sequence) and turn them into the drafter's context K/V only when the sequence is next "
+        "drafted for or its backlog is full; 0 = write the context K/V in every plain step.",
+    )
 
 
 class DSparkConfig(DFlashConfig):

@@ -139,3 +139,70 @@ class DraftKVCache:
         if masks is not None:
             meta.mask, meta.mask_start_loc = pack_masks([m.to(dev) for m in masks])
         return meta
+
+
+class ContextBacklog:
+    """Target features of committed positions whose drafter context K/V is not written yet.
+
+    DFlash's plain decoding steps would otherwise run the drafter's context projection (feature fc + norm +
+    K/V of every drafter layer, ~15 small kernels) for one token per sequence every step, ~5-8% of a batch-1
+    step on the H200, although most of that context is only read when the sequence is next drafted for (it may
+    never be). Instead each plain step copies its rows' features here (one scatter), and the projection runs
+    once over all held positions of a sequence when it is drafted for, when its backlog is full, or when the
+    step writes context anyway (a prefill chunk): same K/V, written later and in larger batches.
+
+    A ring of ``size`` positions per sequence: position p of the sequence with ring row r is row
+    ``r * size + p % size`` of ``feats`` [max_num_seqs * size, feat_dim]. ``pending[sid] = (start, end)``:
+    positions start .. end - 1 are held (end - start <= size). ``size`` 0 disables it (nothing is held).
+    """
+
+    def __init__(self, size: int, max_num_seqs: int, feat_dim: int, dtype: torch.dtype, device) -> None:
+        self.size = size
+        self.shape = (max_num_seqs * size, feat_dim)
+        self.dtype = dtype
+        self.device = device
+        self.feats: torch.Tensor | None = None
+        self.free_rows: list[int] = list(range(max_num_seqs - 1, -1, -1))
+        self.row_of: dict[int, int] = {}  # seq id -> ring row
+        self.pending: dict[int, tuple[int, int]] = {}  # seq id -> held positions [start, end)
+
+    def nbytes(self) -> int:
+        return self.shape[0] * self.shape[1] * torch.finfo(self.dtype).bits // 8
+
+    def allocate(self) -> None:
+        if self.size:
+            self.feats = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+
+    def can_hold(self, seq_id: int, start: int, num: int) -> bool:
+        """Whether positions ``start .. start + num - 1`` extend ``seq_id``'s held run within the ring."""
+        if self.feats is None or (seq_id not in self.row_of and not self.free_rows):
+            return False
+        first, end = self.pending.get(seq_id, (start, start))
+        return end == start and start + num - first <= self.size
+
+    def hold(self, seq_id: int, start: int, num: int) -> list[int]:
+        """Hold positions ``start .. start + num - 1`` (``can_hold``); returns their rows in ``feats``."""
+        row = self.row_of.get(seq_id)
+        if row is None:
+            row = self.row_of[seq_id] = self.free_rows.pop()
+        first, _ = self.pending.get(seq_id, (start, start))
+        self.pending[seq_id] = (first, start + num)
+        return [row * self.size + p % self.size for p in range(start, start + num)]
+
+    def take(self, seq_id: int, before: int | None = None) -> tuple[list[int], list[int]]:
+        """Release ``seq_id``'s held positions (those < ``before`` only: later ones are being recomputed);
+        returns (positions, rows in ``feats``) to project now."""
+        first, end = self.pending.pop(seq_id, (0, 0))
+        if before is not None:
+            end = min(end, before)
+        if end <= first:
+            return [], []
+        row = self.row_of[seq_id]
+        positions = list(range(first, end))
+        return positions, [row * self.size + p % self.size for p in positions]
+
+    def drop(self, seq_id: int) -> None:
+        self.pending.pop(seq_id, None)
+        row = self.row_of.pop(seq_id, None)
+        if row is not None:
+            self.free_rows.append(row)
