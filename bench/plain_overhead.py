@@ -51,9 +51,10 @@ def measure(engine: Any, prompts: list[list[int]], batch_size: int, steps: int, 
         engine.add_request(prompts[i % len(prompts)], params, request_id=rid)
     for _ in range(64):  # every prompt prefilled, then a few decode steps
         engine.step()
-        if all(s.num_computed_tokens >= s.num_prompt_tokens for s in engine.scheduler.running) and len(
-            engine.scheduler.running
-        ) == batch_size:
+        if (
+            all(s.num_computed_tokens >= s.num_prompt_tokens for s in engine.scheduler.running)
+            and len(engine.scheduler.running) == batch_size
+        ):
             break
     for _ in range(10):
         engine.step()
@@ -78,7 +79,11 @@ def measure(engine: Any, prompts: list[list[int]], batch_size: int, steps: int, 
         point["kernels_per_step"] = round(sum(len(v) for v in kernels.values()) / profile_steps, 1)
         top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:12]
         point["top_kernels"] = [
-            {"name": n[:80], "ms_per_step": round(sum(v) / profile_steps / 1e3, 4), "calls": len(v) / profile_steps}
+            {
+                "name": n[:80],
+                "ms_per_step": round(sum(v) / profile_steps / 1e3, 4),
+                "calls": len(v) / profile_steps,
+            }
             for n, v in top
         ]
     for rid in ids:
@@ -93,7 +98,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     ap.add_argument("--batch-sizes", type=int_list, default=[1, 8, 64])
     ap.add_argument("--steps", type=int, default=300, help="Timed steps per point.")
     ap.add_argument("--profile-steps", type=int, default=20, help="Profiled steps per point (0 = none).")
-    ap.add_argument("--speculative-config", action="append", default=[], help="JSON dict or list (repeatable).")
+    ap.add_argument(
+        "--speculative-config", action="append", default=[], help="JSON dict or list (repeatable)."
+    )
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--output", default=None)
     args = ap.parse_args(argv)
@@ -105,7 +112,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     systems = [{"label": "plain", "config": None}, *expand_configs(args.speculative_config, None)]
     report = JsonReport(
         args.output,
-        {"schema": "flexspec.bench.plain_overhead/1", "env": environment(), "config": vars(args), "points": []},
+        {
+            "schema": "flexspec.bench.plain_overhead/1",
+            "env": environment(),
+            "config": vars(args),
+            "points": [],
+        },
     )
     base: dict[int, float] = {}
     for system in systems:

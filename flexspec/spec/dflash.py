@@ -36,8 +36,9 @@ from flexspec.spec.models.draft_kv import ContextBacklog, DraftKVCache
 from flexspec.spec.registry import register
 from kernels import pack_masks
 
-
-_Held = tuple[list[int], list[int], list[int]]  # backlog rows, positions, drafter cache slots of held positions
+_Held = tuple[
+    list[int], list[int], list[int]
+]  # backlog rows, positions, drafter cache slots of held positions
 
 
 @register
