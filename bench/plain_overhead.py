@@ -19,10 +19,13 @@ machine; the overhead is each system's time per step over the plain engine's at 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TRITON_INTERPRET", "0")
@@ -38,8 +41,57 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def measure(engine: Any, prompts: list[list[int]], batch_size: int, steps: int, profile_steps: int) -> dict:
-    """Fill the batch, prefill + warm up, time ``steps`` steps, profile ``profile_steps`` more."""
+class _HostGaps:
+    """Host time per step between the end of one step's ``collect`` (its tokens are on the host) and the next
+    ``launch`` / ``execute`` call (output processing, scheduling, the policy's decision, input building): the
+    device idles then, since the next step's inputs need this step's tokens."""
+
+    def __init__(self, engine: Any) -> None:
+        self.ex = ex = engine.executor
+        self.collect_end: float | None = None
+        self.gaps: list[float] = []
+        self.launch_s: list[float] = []
+        collect, launch, execute = ex.collect, ex.launch, ex.execute
+
+        def start(fn):
+            def wrapper(inp):
+                t = time.perf_counter()
+                if self.collect_end is not None:
+                    self.gaps.append(t - self.collect_end)
+                    self.collect_end = None
+                out = fn(inp)
+                self.launch_s.append(time.perf_counter() - t)
+                if fn is execute:
+                    self.collect_end = time.perf_counter()
+                return out
+
+            return wrapper
+
+        def collected(pending):
+            out = collect(pending)
+            self.collect_end = time.perf_counter()
+            return out
+
+        ex.collect, ex.launch, ex.execute = collected, start(launch), start(execute)
+
+    def remove(self) -> None:
+        del self.ex.collect, self.ex.launch, self.ex.execute
+
+    def summary(self) -> dict[str, float]:
+        mean_ms = lambda xs: round(sum(xs) / max(len(xs), 1) * 1e3, 4)
+        return {"host_gap_ms_per_step": mean_ms(self.gaps), "launch_ms_per_step": mean_ms(self.launch_s)}
+
+
+def measure(
+    engine: Any,
+    prompts: list[list[int]],
+    batch_size: int,
+    steps: int,
+    profile_steps: int,
+    cprofile_steps: int = 0,
+) -> dict:
+    """Fill the batch, prefill + warm up, time ``steps`` steps, profile ``profile_steps`` more (torch.profiler)
+    and ``cprofile_steps`` more (cProfile: host functions)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -59,12 +111,19 @@ def measure(engine: Any, prompts: list[list[int]], batch_size: int, steps: int, 
     for _ in range(10):
         engine.step()
     _sync()
+    gaps = _HostGaps(engine)
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
     _sync()
     wall_ms = (time.perf_counter() - t0) / steps * 1e3
-    point: dict[str, Any] = {"batch_size": batch_size, "steps": steps, "wall_ms_per_step": round(wall_ms, 4)}
+    gaps.remove()
+    point: dict[str, Any] = {
+        "batch_size": batch_size,
+        "steps": steps,
+        "wall_ms_per_step": round(wall_ms, 4),
+        **gaps.summary(),
+    }
     if profile_steps and torch.cuda.is_available():
         kernels: dict[str, list[float]] = defaultdict(list)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -86,6 +145,17 @@ def measure(engine: Any, prompts: list[list[int]], batch_size: int, steps: int, 
             }
             for n, v in top
         ]
+    if cprofile_steps:  # the host functions with the most own time (cProfile slows the host: separate steps)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(cprofile_steps):
+            engine.step()
+        prof.disable()
+        rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:20]  # type: ignore[attr-defined]
+        point["host_top_us_per_step"] = {
+            f"{Path(f).name}:{line}({fn})": round(1e6 * tt / cprofile_steps, 1)
+            for (f, line, fn), (_, _, tt, _, _) in rows
+        }
     for rid in ids:
         engine.abort(rid)
     engine.step()  # the aborted requests' state is freed with the next step
@@ -98,6 +168,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     ap.add_argument("--batch-sizes", type=int_list, default=[1, 8, 64])
     ap.add_argument("--steps", type=int, default=300, help="Timed steps per point.")
     ap.add_argument("--profile-steps", type=int, default=20, help="Profiled steps per point (0 = none).")
+    ap.add_argument("--cprofile-steps", type=int, default=0, help="Steps under cProfile per point (0 = none).")
     ap.add_argument(
         "--speculative-config", action="append", default=[], help="JSON dict or list (repeatable)."
     )
@@ -140,7 +211,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             engine.policy.decide = lambda sched: Decision("plain", 0)
         prompts = prompt_token_ids(engine.tokenizer, "gsm8k", 16, 256)
         for bs in args.batch_sizes:
-            point = {"system": label, **measure(engine, prompts, bs, args.steps, args.profile_steps)}
+            point = {
+                "system": label,
+                **measure(engine, prompts, bs, args.steps, args.profile_steps, args.cprofile_steps),
+            }
             if label == "plain":
                 base[bs] = point["wall_ms_per_step"]
             elif bs in base:
