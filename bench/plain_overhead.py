@@ -4,7 +4,7 @@ plain steps of speculative engines whose policy is held on plain decoding.
     python -m bench.plain_overhead --batch-sizes 1,8,64 --steps 300 --output plain_overhead.json \\
         --speculative-config '[{"method": "dflash", "model": "smollm2-135m-instruct-dflash"},
                                {"method": "dflash", "model": "smollm2-135m-instruct-dflash",
-                                "context_backlog": 0, "label": "dflash-backlog0"}]'
+                                "defer_context": false, "label": "dflash-eager-context"}]'
 
 Issue 6 asks that speculation never make a batch slower than plain decoding: when the policy picks plain
 decoding, a step must cost what it costs without a drafter. For each system and batch size the batch is
@@ -12,7 +12,7 @@ filled with greedy requests (EOS ignored, GSM8K prompts), prefilled and warmed u
 ``LLMEngine.step()`` calls are timed (wall, one device sync at the end) and ``--profile-steps`` more are run
 under torch.profiler: device time (sum of kernel durations) and kernels per step. Every speculative engine
 decides plain for every step (its policy's ``decide`` is replaced), so it still keeps its drafter's state up
-to date (DFlash's context: ``context_backlog``) as it would between speculative stretches. JSON out, with the
+to date (DFlash: ``defer_context``) as it would between speculative stretches. JSON out, with the
 machine; the overhead is each system's time per step over the plain engine's at the same batch size.
 """
 

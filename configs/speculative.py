@@ -85,13 +85,12 @@ class DFlashConfig(_SpecBase):
         description="Selective verification: verify drafts while the cumulative product of their drafter "
         "probabilities stays >= this (0 = verify all).",
     )
-    context_backlog: int = Field(
-        64,
-        ge=0,
-        le=4096,
-        description="Plain decoding steps keep the target features of their tokens (up to this many "
-        "positions per sequence) and turn them into the drafter's context K/V only when the sequence is next "
-        "drafted for or its backlog is full; 0 = write the context K/V in every plain step.",
+    defer_context: bool = Field(
+        True,
+        description="Plain decoding steps leave the drafter's context K/V to be written when the sequence is "
+        "next drafted for (the target keeps their hidden states per KV slot, written inside its CUDA graphs), "
+        "so a step the policy runs plainly costs what it costs without a drafter; false = write it in every "
+        "plain step.",
     )
 
 

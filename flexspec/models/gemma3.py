@@ -12,6 +12,7 @@ from flexspec.layers.attention import AttentionMetadata
 from flexspec.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from flexspec.layers.norm import RMSNorm
 from flexspec.layers.rotary import RotaryEmbedding
+from flexspec.models.features import FeatureCache, store_features
 from flexspec.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from flexspec.models.spec import ModelSpec
 
@@ -42,6 +43,7 @@ class Gemma3DecoderLayer(nn.Module):
 
 class Gemma3ForCausalLM(nn.Module):
     packed_modules_mapping = LlamaForCausalLM.packed_modules_mapping
+    feature_cache: FeatureCache | None = None  # see LlamaForCausalLM.feature_cache
 
     def __init__(self, spec: ModelSpec, tp: TPGroup) -> None:
         super().__init__()
@@ -77,6 +79,7 @@ class Gemma3ForCausalLM(nn.Module):
             x = layer(x, meta)
             if i in capture_layers:
                 captured.append(x)
+        store_features(self, captured, capture_layers, meta.slot_mapping)
         return self.norm(x), captured
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

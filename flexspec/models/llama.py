@@ -13,6 +13,7 @@ from flexspec.layers.fused import use_skinny
 from flexspec.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from flexspec.layers.norm import RMSNorm
 from flexspec.layers.rotary import RotaryEmbedding
+from flexspec.models.features import FeatureCache, store_features
 from flexspec.models.side_stream import SideStream
 from flexspec.models.spec import ModelSpec
 from kernels.skinny_linear import skinny_linear
@@ -198,6 +199,9 @@ class LlamaForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0),
         "up_proj": ("gate_up_proj", 1),
     }
+    # Bound by a drafter that reads target hidden states per KV slot (DFlash ``defer_context``): forwards that
+    # capture its layers also write them there (``flexspec.models.features``).
+    feature_cache: FeatureCache | None = None
 
     def __init__(self, spec: ModelSpec, tp: TPGroup) -> None:
         super().__init__()
@@ -290,6 +294,7 @@ class LlamaForCausalLM(nn.Module):
                 layer.forward_skinny(h, meta)
                 if i in capture_layers:
                     captured.append(h.clone())
+            store_features(self, captured, capture_layers, meta.slot_mapping)
             return self.norm(h), captured
         residual = None
         sx, sres = (side.hidden, None) if side is not None else (None, None)
@@ -303,6 +308,7 @@ class LlamaForCausalLM(nn.Module):
                 x, residual = layer(x, residual, meta)
             if i in capture_layers:
                 captured.append(x + residual)
+        store_features(self, captured, capture_layers, meta.slot_mapping)
         x, _ = self.norm.forward_residual(x, residual)
         if side is not None:
             side.out = self.norm(sx + sres) if sres is not None else self.norm(sx)

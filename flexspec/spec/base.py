@@ -41,6 +41,7 @@ class SeqDraftInput:
     temperature: float  # request temperature (probabilistic drafters may sample)
     seed: int  # request seed: drafters that sample derive their noise from (seed, position)
     emitted: bool  # True when the step emitted tokens for this sequence (last token is new, not computed)
+    block_table: list[int] = field(default_factory=list)  # the target's KV blocks of the sequence
 
 
 @dataclass

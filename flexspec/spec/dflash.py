@@ -4,9 +4,11 @@ Each step, for every sequence of the batch:
 1. *Context*: the target features of the newly committed positions (read in place from this step's target
    forward, ``capture_layers = target_layer_ids``) become each drafter layer's context K/V, written once into
    the drafter's own paged cache (:class:`DraftKVCache`) at those positions. Prefill chunks that emit nothing
-   are cached too. Plain decoding steps (the policy's choice, nothing drafted) only park their features in a
-   :class:`ContextBacklog`; their K/V is written in one batch when the sequence is next drafted for
-   (``context_backlog`` positions per sequence at most), so plain steps cost what they cost without a drafter.
+   are cached too. With ``defer_context`` (default) plain decoding steps (the policy's choice, nothing
+   drafted) write nothing of the drafter's: the target forward keeps the features per KV slot
+   (:class:`~flexspec.models.features.FeatureCache`, inside its CUDA graphs) and the whole stretch becomes
+   context K/V in one batch when the sequence is next drafted for, so a plain step costs what it costs without
+   a drafter (one scatter).
 2. *Block*: sequences that want drafts run one block ``[bonus, MASK x (B-1)]`` at positions ``L-1 .. L+B-2``
    over their cached context (non-causal inside the block; block K/V are never cached), all sequences in one
    varlen forward. Drafts = argmax of the target's LM head at the first ``k`` mask positions (deterministic
@@ -28,17 +30,17 @@ import torch
 
 from flexspec.engine.cuda_graphs import BatchGraphs
 from flexspec.layers.attention import AttentionMetadata
+from flexspec.models.features import FeatureCache
 from flexspec.models.loader import resolve_model_dir
 from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput, confident_prefix_len
 from flexspec.spec.models.checkpoint import read_config
 from flexspec.spec.models.dflash_model import DFlashDraftModel
-from flexspec.spec.models.draft_kv import ContextBacklog, DraftKVCache
+from flexspec.spec.models.draft_kv import DraftKVCache
 from flexspec.spec.registry import register
 from kernels import pack_masks
 
-_Held = tuple[
-    list[int], list[int], list[int]
-]  # backlog rows, positions, drafter cache slots of held positions
+# Positions whose drafter context is written late: target KV slots (feature cache rows), positions, drafter slots.
+_Held = tuple[list[int], list[int], list[int]]
 
 
 @register
@@ -80,13 +82,14 @@ class DFlashDrafter(Drafter):
             dtype=runner.dtype,
             device=runner.device,
         )
-        self.backlog = ContextBacklog(
-            getattr(config, "context_backlog", 0),
-            runner.config.max_num_seqs,
-            len(cfg.target_layer_ids) * runner.spec.hidden_size,
-            runner.dtype,
-            runner.device,
+        # defer_context: plain steps leave their context K/V for later; the target keeps their hidden states
+        # per KV slot (``FeatureCache``, bound in ``allocate``) and ``_pending_from[sid]`` is the first
+        # position of the sequence whose drafter K/V is not written yet.
+        self.defer_context = bool(getattr(config, "defer_context", False)) and hasattr(
+            runner.model, "feature_cache"
         )
+        self.features: FeatureCache | None = None
+        self._pending_from: dict[int, int] = {}
         self._packed_masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # S -> packed block masks
         self._graphs: BatchGraphs | None = None  # block forward, captured per batch size on GPU
         self._context_graphs: BatchGraphs | None = None  # context K/V writes, captured per row count on GPU
@@ -98,17 +101,30 @@ class DFlashDrafter(Drafter):
 
     def memory_bytes(self) -> int:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return weights + self.cache.reserved_bytes() + self.backlog.nbytes()
+        return weights + self.cache.reserved_bytes()
+
+    def kv_bytes_per_block(self) -> int:
+        if not self.defer_context:
+            return 0
+        per_slot = FeatureCache.bytes_per_slot(
+            len(self._capture), self.runner.spec.hidden_size, self.runner.dtype
+        )
+        return self.runner.config.kv_block_size * per_slot
 
     def allocate(self, num_kv_blocks: int) -> None:
         self.cache.allocate(num_kv_blocks)
         self.cache.bind(self.model.attention_layers())
-        self.backlog.allocate()
+        if self.defer_context:
+            slots = num_kv_blocks * self.runner.config.kv_block_size
+            self.features = FeatureCache(
+                self._capture, slots, self.runner.spec.hidden_size, self.runner.dtype, self.device
+            )
+            self.target.feature_cache = self.features
 
     def free(self, seq_ids: list[int]) -> None:
         for sid in seq_ids:
             self.cache.free(sid)
-            self.backlog.drop(sid)
+            self._pending_from.pop(sid, None)
 
     @torch.inference_mode()
     def propose(self, batch: list[SeqDraftInput], captured: list[torch.Tensor]) -> DraftProposal:
@@ -134,10 +150,10 @@ class DFlashDrafter(Drafter):
             L = len(b.token_ids)
             end = L - 1 if b.emitted else L  # committed positions with hidden states: [end - n, end)
             if not self.cache.reserve(b.seq_id, max(end, L - 1, 1), evictable):
-                self.backlog.drop(b.seq_id)
+                self._pending_from.pop(b.seq_id, None)
                 continue
             ready.add(b.seq_id)
-            self._take_held(b.seq_id, end - b.num_new_committed, held)
+            self._take_pending(b.seq_id, end - b.num_new_committed, b.block_table, held)
             for row, pos in zip(b.hidden_rows, range(end - b.num_new_committed, end)):
                 rows.append(row)
                 positions.append(pos)
@@ -147,61 +163,56 @@ class DFlashDrafter(Drafter):
 
     @torch.inference_mode()
     def observe_plain_step(self, inp, captured: list[torch.Tensor]) -> None:
-        """Plain step (see ``Drafter.observe_plain_step``): all of its inputs are committed. Their target
-        features go to the backlog (``ContextBacklog``: one scatter) when every sequence's fit there; otherwise
-        (a prefill chunk, a full backlog) the context K/V of this step's rows and of every held position of the
-        step's sequences is written now, in one context step (the captured graph up to its row count, eager
-        beyond). Enqueued without waiting for the device; DSpark inherits this."""
-        evictable = set(self.cache.tables) - set(inp.seq_ids)
-        seqs = []  # (seq id, first position, rows, first row) of the sequences with a drafter cache
-        write_now = False
-        r = 0
-        for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
-            if self.cache.reserve(sid, max(ctx + n, 1), evictable):
-                seqs.append((sid, ctx, n, r))
-                write_now = write_now or not self.backlog.can_hold(sid, ctx, n)
-            else:
-                self.backlog.drop(sid)
-            r += n
-        if not write_now:
-            src = [row for _, _, n, r0 in seqs for row in range(r0, r0 + n)]
-            dst = [i for sid, ctx, n, _ in seqs for i in self.backlog.hold(sid, ctx, n)]
-            self._hold_rows(src, dst, captured)
+        """Plain step (see ``Drafter.observe_plain_step``): all of its inputs are committed. With
+        ``defer_context`` the target forward has already written their hidden states into the feature cache,
+        so only the first unwritten position of each sequence is noted (no device work): the context K/V of
+        the whole stretch is written in one batch when the sequence is next drafted for (``_take_pending``).
+        Otherwise it is written now, enqueued without waiting for the device (the context step is the captured
+        graph up to its row count, eager beyond). DSpark inherits this."""
+        if self.defer_context:
+            pending = self._pending_from
+            for sid, ctx in zip(inp.seq_ids, inp.context_lens):
+                first = pending.get(sid)
+                if first is None or first > ctx:
+                    pending[sid] = ctx
             return
+        evictable = set(self.cache.tables) - set(inp.seq_ids)
         rows: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        held: _Held = ([], [], [])
-        for sid, ctx, n, r0 in seqs:
-            self._take_held(sid, ctx, held)
-            rows.extend(range(r0, r0 + n))
-            positions.extend(range(ctx, ctx + n))
-            slots.extend(self.cache.slot(sid, p) for p in range(ctx, ctx + n))
-        self._write_context(rows, positions, slots, captured, held)
+        r = 0
+        for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
+            if self.cache.reserve(sid, max(ctx + n, 1), evictable):
+                rows.extend(range(r, r + n))
+                positions.extend(range(ctx, ctx + n))
+                slots.extend(self.cache.slot(sid, p) for p in range(ctx, ctx + n))
+            r += n
+        self._write_context(rows, positions, slots, captured)
 
-    def _take_held(self, seq_id: int, before: int, held: _Held) -> None:
-        """Move ``seq_id``'s held positions below ``before`` into ``held`` (backlog rows, positions, drafter
-        cache slots) for the next context write; positions whose cache blocks were evicted are dropped."""
-        positions, ring_rows = self.backlog.take(seq_id, before)
-        table = self.cache.tables.get(seq_id, [])
-        bs = self.cache.block_size
-        for pos, ring_row in zip(positions, ring_rows):
-            if pos // bs < len(table):
-                held[0].append(ring_row)
-                held[1].append(pos)
-                held[2].append(table[pos // bs] * bs + pos % bs)
-
-    def _hold_rows(self, src: list[int], dst: list[int], captured: list[torch.Tensor]) -> None:
-        """Scatter the target features of captured rows ``src`` into backlog rows ``dst``."""
-        if not src:
+    def _take_pending(self, seq_id: int, before: int, block_table: list[int], held: _Held) -> None:
+        """Move ``seq_id``'s unwritten context positions below ``before`` into ``held`` (target KV slots from
+        ``block_table``, positions, drafter cache slots) for the next context write. The drafter cache must
+        already hold them (``reserve``); positions it lost to eviction are skipped."""
+        first = self._pending_from.pop(seq_id, None)
+        if first is None or first >= before:
             return
-        idx = torch.tensor([src, dst]).to(self.device, non_blocking=True)
-        if src == list(range(len(src))):  # every row of the step, in order (a decode step): no gather
-            feats = torch.cat([captured[j][: len(src)] for j in self._feature_index], dim=-1)
-        else:
-            feats = torch.cat([captured[j].index_select(0, idx[0]) for j in self._feature_index], dim=-1)
-        assert self.backlog.feats is not None
-        self.backlog.feats.index_copy_(0, idx[1], feats)
+        table = self.cache.tables.get(seq_id, [])
+        bs = self.cache.block_size  # = the target's block size
+        for pos in range(first, before):
+            b = pos // bs
+            if b < len(table) and b < len(block_table):
+                held[0].append(block_table[b] * bs + pos % bs)
+                held[1].append(pos)
+                held[2].append(table[b] * bs + pos % bs)
+
+    def _held_features(self, target_slots: torch.Tensor) -> torch.Tensor:
+        """Feature-cache rows at ``target_slots`` [N] -> drafter features [N, n*H] (``target_layer_ids`` order)."""
+        assert self.features is not None
+        feats = self.features.gather(target_slots)  # layers in ascending order
+        if self._feature_index != sorted(self._feature_index):
+            n = len(self._capture)
+            feats = feats.view(feats.shape[0], n, -1)[:, self._feature_index].reshape(feats.shape[0], -1)
+        return feats
 
     @property
     def proposes_on_device(self) -> bool:  # type: ignore[override]
@@ -212,7 +223,7 @@ class DFlashDrafter(Drafter):
         self, inp, tokens: torch.Tensor, accepted: torch.Tensor, captured: list[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``Drafter.propose_on_device``: the context K/V of each sequence's committed inputs 0 .. a (rows past
-        a get slot -1) and of its positions held in the backlog, then the block ``[tokens[s, a], MASK x (B-1)]`` over context length
+        a get slot -1) and of its positions left by plain steps (``defer_context``), then the block ``[tokens[s, a], MASK x (B-1)]`` over context length
         ``context_lens[s] + a + 1`` (no block when the step proposes nothing); the same graphs as ``propose``,
         fed from device tensors. Sequences whose drafter cache cannot hold the step's positions write nothing,
         read no context and keep 0 drafts."""
@@ -227,9 +238,9 @@ class DFlashDrafter(Drafter):
             tables.append(self.cache.tables[sid] if ready else [])
             row0.append(r)
             r += n
-        held: _Held = ([], [], [])  # positions parked by plain steps: written with this step's context
-        for sid, c in zip(inp.seq_ids, inp.context_lens):
-            self._take_held(sid, c, held)
+        held: _Held = ([], [], [])  # positions left by plain steps: written with this step's context
+        for sid, c, tbl in zip(inp.seq_ids, inp.context_lens, inp.block_tables):
+            self._take_pending(sid, c, tbl, held)
         width = max(len(t) for t in tables) or 1
         host = torch.tensor(
             [[c, n, r0, o, *t, *[0] * (width - len(t))]
@@ -248,9 +259,8 @@ class DFlashDrafter(Drafter):
         feats = torch.cat([captured[i].index_select(0, rows) for i in self._feature_index], -1)  # [S*q, n*H]
         pos, slots = pos.view(-1), slots.view(-1)
         if held[0]:
-            assert self.backlog.feats is not None
-            ring_rows, held_pos, held_slots = torch.tensor(held).to(dev, non_blocking=True)
-            feats = torch.cat([self.backlog.feats.index_select(0, ring_rows), feats])
+            target_slots, held_pos, held_slots = torch.tensor(held).to(dev, non_blocking=True)
+            feats = torch.cat([self._held_features(target_slots), feats])
             pos, slots = torch.cat([held_pos, pos]), torch.cat([held_slots, slots])
         graphs = self._context_graphs
         if graphs is not None and graphs.can_run(feats.shape[0]):
@@ -278,8 +288,8 @@ class DFlashDrafter(Drafter):
         held: _Held = ((), (), ()),
     ) -> None:
         """Drafter context K/V of captured rows ``rows`` (target features) at ``positions`` / drafter cache
-        ``slots``, and of the backlog's rows ``held[0]`` at positions ``held[1]`` / slots ``held[2]``: one
-        context step (the captured context graph up to its row count, eager beyond)."""
+        ``slots``, and of the feature cache's rows ``held[0]`` at positions ``held[1]`` / slots ``held[2]``:
+        one context step (the captured context graph up to its row count, eager beyond)."""
         num_held = len(held[0])
         n = num_held + len(rows)
         if not n:
@@ -289,8 +299,7 @@ class DFlashDrafter(Drafter):
         ).to(self.device, non_blocking=True)
         parts = []
         if num_held:
-            assert self.backlog.feats is not None
-            parts.append(self.backlog.feats.index_select(0, src[:num_held]))
+            parts.append(self._held_features(src[:num_held]))
         if rows:
             parts.append(
                 torch.cat([captured[j].index_select(0, src[num_held:]) for j in self._feature_index], dim=-1)

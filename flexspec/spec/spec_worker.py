@@ -260,6 +260,7 @@ class SpecDecodeWorker:
                     temperature=temperature,
                     seed=seed,
                     emitted=inp.samples[s],
+                    block_table=inp.block_tables[s],
                 )
             )
         return batch
