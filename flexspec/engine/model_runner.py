@@ -380,10 +380,12 @@ class ModelRunner:
         if worker is not None:
             worker.note_plain_step(inp)
         logits, captured = self.forward(inp)
-        if worker is not None and worker.drafter.observes_plain_steps:
-            worker.drafter.observe_plain_step(inp, captured)  # e.g. DFlash's context K/V, enqueued
         meta = SamplingMetadata(inp.sampling_rows, self.device, inp.num_logprobs)
         tokens = sample(logits, meta)  # [N] int64
+        if worker is not None:  # host bookkeeping while the device runs the step
+            worker.commit_plain_step(inp)
+            if worker.drafter.observes_plain_steps:
+                worker.drafter.observe_plain_step(inp, captured)  # e.g. DFlash's context, enqueued
         n = tokens.shape[0]
         if self._tokens_host is None or self._tokens_host.shape[0] < n:
             cuda = self.device.type == "cuda"

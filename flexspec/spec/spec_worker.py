@@ -79,13 +79,16 @@ class SpecDecodeWorker:
         )
 
     def note_plain_step(self, inp: ModelInput) -> None:
-        """Bookkeeping for a plain step the runner launches itself (``can_run_plain``), before its forward: free
-        finished sequences, extend each history with the step's committed inputs (its sampled token is the next
-        step's input, added then), forget pending draft distributions, and ask for the target layers the
-        drafter reads (``observe_plain_step`` after the forward)."""
-        self._forget(inp.finished_seq_ids)
+        """Before the forward of a plain step the runner launches itself (``can_run_plain``): ask for the
+        target layers the drafter reads (``observe_plain_step``, after the forward)."""
         if self.drafter.observes_plain_steps:
             inp.capture_layers = self.drafter.capture_layers
+
+    def commit_plain_step(self, inp: ModelInput) -> None:
+        """Bookkeeping for a launched plain step, once its forward is enqueued (the device runs meanwhile):
+        free finished sequences, extend each history with the step's committed inputs (its sampled token is
+        the next step's input, added then) and forget pending draft distributions."""
+        self._forget(inp.finished_seq_ids)
         r = 0
         for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
             self._commit(sid, ctx, inp.input_ids[r : r + n])
