@@ -85,8 +85,13 @@ class DFlashDrafter(Drafter):
         # defer_context: plain steps leave their context K/V for later; the target keeps their hidden states
         # per KV slot (``FeatureCache``, bound in ``allocate``) and ``_pending_from[sid]`` is the first
         # position of the sequence whose drafter K/V is not written yet.
-        self.defer_context = bool(getattr(config, "defer_context", False)) and hasattr(
-            runner.model, "feature_cache"
+        # Only where plain steps are launched by the runner (one rank, async output processing): elsewhere
+        # every step goes through ``propose``, nothing is ever deferred and the cache would be dead memory.
+        self.defer_context = (
+            bool(getattr(config, "defer_context", False))
+            and hasattr(runner.model, "feature_cache")
+            and runner.tp.size == 1
+            and bool(getattr(runner.config, "async_output_processing", False))
         )
         self.features: FeatureCache | None = None
         self._pending_from: dict[int, int] = {}
@@ -158,7 +163,7 @@ class DFlashDrafter(Drafter):
                 rows.append(row)
                 positions.append(pos)
                 slots.append(self.cache.slot(b.seq_id, pos))
-        self._write_context(rows, positions, slots, captured, held)
+        self._write_context(rows, positions, slots, captured, self._flush_if_large(held, captured))
         return ready
 
     @torch.inference_mode()
@@ -205,11 +210,24 @@ class DFlashDrafter(Drafter):
                 held[1].append(pos)
                 held[2].append(table[b] * bs + pos % bs)
 
+    def _flush_if_large(self, held: _Held, captured: list[torch.Tensor]) -> _Held:
+        """Write ``held`` now, in context steps of at most ``max_num_batched_tokens`` rows, when it is larger
+        than that (a long plain stretch or whole prompts prefilled plainly: one step would need activations for
+        all of it); returns what is left to merge into the step's own context write."""
+        limit = max(self.runner.config.max_num_batched_tokens, 1)
+        if len(held[0]) <= limit:
+            return held
+        for i in range(0, len(held[0]), limit):
+            self._write_context(
+                [], [], [], captured, (held[0][i : i + limit], held[1][i : i + limit], held[2][i : i + limit])
+            )
+        return ([], [], [])
+
     def _held_features(self, target_slots: torch.Tensor) -> torch.Tensor:
         """Feature-cache rows at ``target_slots`` [N] -> drafter features [N, n*H] (``target_layer_ids`` order)."""
         assert self.features is not None
         feats = self.features.gather(target_slots)  # layers in ascending order
-        if self._feature_index != sorted(self._feature_index):
+        if self._feature_index != list(range(len(self._capture))):  # reordered or repeated layer ids
             n = len(self._capture)
             feats = feats.view(feats.shape[0], n, -1)[:, self._feature_index].reshape(feats.shape[0], -1)
         return feats
@@ -241,6 +259,7 @@ class DFlashDrafter(Drafter):
         held: _Held = ([], [], [])  # positions left by plain steps: written with this step's context
         for sid, c, tbl in zip(inp.seq_ids, inp.context_lens, inp.block_tables):
             self._take_pending(sid, c, tbl, held)
+        held = self._flush_if_large(held, captured)
         width = max(len(t) for t in tables) or 1
         host = torch.tensor(
             [[c, n, r0, o, *t, *[0] * (width - len(t))]

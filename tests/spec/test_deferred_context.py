@@ -119,3 +119,52 @@ def test_deferred_context_on_gpu_drafts_like_writing_it_every_step():
     assert outs[0] == outs[1]
     (d0, a0), (d1, a1) = counts
     assert a1 > 0 and abs(a0 - a1) <= max(2, a1 // 50) and abs(d0 - d1) <= max(2, d1 // 50), counts
+
+
+def test_long_deferred_stretch_is_written_in_bounded_context_steps(plain_128):
+    """Whole prompts and a long plain stretch are projected in context steps of at most
+    ``max_num_batched_tokens`` held rows (plus the step's own rows), with the same drafts as writing every step."""
+    prompts, want = plain_128
+    prompts, want = prompts[3::5], [w[:40] for w in want[3::5]]
+    runs = []
+    for defer in (True, False):
+        eng = spec_engine({**DFLASH, "defer_context": defer}, max_num_seqs=4, max_num_batched_tokens=32)
+        n = {"decisions": 0, "max_rows": 0}
+
+        def decide(sched, n=n):
+            n["decisions"] += 1
+            return Decision("decoupled", 4) if n["decisions"] % 25 == 0 else Decision("plain", 0)
+
+        drafter = eng.executor.runner.spec_worker.drafter
+        store = drafter.model.store_context
+
+        def counted(feats, *args, n=n, store=store):
+            n["max_rows"] = max(n["max_rows"], feats.shape[0])
+            return store(feats, *args)
+
+        eng.policy.decide, drafter.model.store_context = decide, counted
+        outs = eng.generate(prompts, SamplingParams(max_tokens=40, temperature=0))
+        runs.append(([o.token_ids for o in outs], eng.spec_metrics.num_accepted_tokens, n["max_rows"]))
+    (tok_d, acc_d, rows_d), (tok_e, acc_e, _) = runs
+    assert tok_d == tok_e == want and acc_d == acc_e and acc_e > 0
+    assert rows_d <= 32 + 4 * 5, rows_d  # held rows chunked by the token budget; the step adds S x (K + 1)
+
+
+def test_held_features_follow_target_layer_ids_order_with_repeats():
+    """``target_layer_ids`` may repeat or be unordered: features from the cache are regathered to that order."""
+    from flexspec.spec.dflash import DFlashDrafter
+
+    d = object.__new__(DFlashDrafter)
+    d._capture, d._feature_index = (2, 5), [0, 0, 1]  # target_layer_ids [2, 2, 5]
+    d.features = FeatureCache((2, 5), num_slots=3, hidden_size=2, dtype=torch.float32, device="cpu")
+    d.features.store([torch.tensor([[1.0, 2.0]]), torch.tensor([[5.0, 6.0]])], torch.tensor([1]))
+    assert d._held_features(torch.tensor([1])).tolist() == [[1.0, 2.0, 1.0, 2.0, 5.0, 6.0]]
+
+
+def test_no_feature_cache_where_plain_steps_are_never_launched():
+    """Without async output processing every step goes through the worker: nothing is deferred, so no
+    feature cache is allocated or charged against the KV budget."""
+    eng = spec_engine(DFLASH, max_num_seqs=2, async_output_processing=False)
+    drafter = eng.executor.runner.spec_worker.drafter
+    assert not drafter.defer_context and drafter.features is None and drafter.kv_bytes_per_block() == 0
+    assert eng.executor.runner.model.feature_cache is None
