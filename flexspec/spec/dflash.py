@@ -7,8 +7,9 @@ Each step, for every sequence of the batch:
    are cached too. With ``defer_context`` (default) plain decoding steps (the policy's choice, nothing
    drafted) write nothing of the drafter's: the target forward keeps the features per KV slot
    (:class:`~flexspec.models.features.FeatureCache`, inside its CUDA graphs) and the whole stretch becomes
-   context K/V in one batch when the sequence is next drafted for, so a plain step costs what it costs without
-   a drafter (one scatter).
+   context K/V when the sequence is next drafted for (in the drafting step's context step, or in steps of at
+   most ``max_num_batched_tokens`` rows when longer), so a plain step costs what it costs without a drafter
+   (one scatter).
 2. *Block*: sequences that want drafts run one block ``[bonus, MASK x (B-1)]`` at positions ``L-1 .. L+B-2``
    over their cached context (non-causal inside the block; block K/V are never cached), all sequences in one
    varlen forward. Drafts = argmax of the target's LM head at the first ``k`` mask positions (deterministic
@@ -241,8 +242,8 @@ class DFlashDrafter(Drafter):
         self, inp, tokens: torch.Tensor, accepted: torch.Tensor, captured: list[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``Drafter.propose_on_device``: the context K/V of each sequence's committed inputs 0 .. a (rows past
-        a get slot -1) and of its positions left by plain steps (``defer_context``), then the block ``[tokens[s, a], MASK x (B-1)]`` over context length
-        ``context_lens[s] + a + 1`` (no block when the step proposes nothing); the same graphs as ``propose``,
+        a get slot -1) and of its positions left by plain steps (``defer_context``), then the block
+        ``[tokens[s, a], MASK x (B-1)]`` over context length ``context_lens[s] + a + 1`` (no block when the step proposes nothing); the same graphs as ``propose``,
         fed from device tensors. Sequences whose drafter cache cannot hold the step's positions write nothing,
         read no context and keep 0 drafts."""
         dev, S, q = self.device, tokens.shape[0], tokens.shape[1]  # q = K + 1 rows per sequence at most
