@@ -244,8 +244,8 @@ class DFlashDrafter(Drafter):
         """``Drafter.propose_on_device``: the context K/V of each sequence's committed inputs 0 .. a (rows past
         a get slot -1) and of its positions left by plain steps (``defer_context``), then the block
         ``[tokens[s, a], MASK x (B-1)]`` over context length ``context_lens[s] + a + 1`` (no block when the
-        step proposes nothing); the same graphs as ``propose``, fed from device tensors. Sequences whose drafter cache cannot hold the step's positions write nothing,
-        read no context and keep 0 drafts."""
+        step proposes nothing); the same graphs as ``propose``, fed from device tensors. Sequences whose
+        drafter cache cannot hold the step's positions write nothing, read no context and keep 0 drafts."""
         dev, S, q = self.device, tokens.shape[0], tokens.shape[1]  # q = K + 1 rows per sequence at most
         evictable = set(self.cache.tables) - set(inp.seq_ids)
         ok: list[int] = []
