@@ -41,6 +41,17 @@ class EngineConfig(BaseModel):
         "(also a drafter's plain steps when it keeps no per-step state or updates it on the device, e.g. DFlash); "
         "speculative steps run synchronously.",
     )
+    async_scheduling: bool | None = Field(
+        None,
+        description="Schedule and launch the next plain decode step before the current one's sampled tokens "
+        "reach the host (vLLM's async scheduling), so the device does not wait for the host's scheduling, input "
+        "building and graph launch: the next step's input ids are the current step's sampled ids, gathered on "
+        "the device. A request that stops on EOS, a stop token or a stop string computes one token more, which "
+        "is dropped (outputs are unchanged). Needs async_output_processing and one process (TP = 1); engines "
+        "without a speculative_config; steps that prefill or return logprobs are scheduled after the previous "
+        "step's tokens as before. None = on for CUDA / ROCm devices (on a CPU steps run synchronously and gain "
+        "nothing).",
+    )
     cuda_graph_batch_sizes: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64],
         description="Decode batch sizes captured as CUDA graphs.",

@@ -167,6 +167,7 @@ class DecodeGraphs:
                 "block_tables": B * self.max_blocks,
                 "logits_rows": N,  # padded row of each requested logits row
                 "token_rows": N,  # padded row of each real token (captured hidden states)
+                "prev_rows": B,  # async scheduling: row of the previous step's sampled ids per sequence
             },
             dev,
         )
@@ -215,20 +216,30 @@ class DecodeGraphs:
     def can_run(self, inp: ModelInput) -> bool:
         return (
             len(inp.query_lens) <= self.max_bs
+            and (inp.prev_token_rows is None or self.q == 1)
             and all(1 <= q <= self.q for q in inp.query_lens)
             and tuple(inp.capture_layers) == self.capture_layers
             and all(len(b) <= self.max_blocks for b in inp.block_tables)
         )
 
-    def run(self, inp: ModelInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Replay the graph for ``inp``; returns (logits [N, V] for inp.logits_indices, captured [T, H] each)."""
+    def run(
+        self, inp: ModelInput, prev_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Replay the graph for ``inp``; returns (logits [N, V] for inp.logits_indices, captured [T, H] each).
+
+        With ``inp.prev_token_rows`` (async scheduling, q = 1) the input ids are gathered on the device from
+        ``prev_tokens`` ([N'] int64, the previous step's sampled ids) after the staged copy."""
         self.stage.wait_sent()
         bs, direct = stage_decode_inputs(
             self.stage, inp, self.q, self.batch_sizes, self.max_blocks, self.max_position
         )
-        self.stage.send()
-        self.graphs[bs].replay()
         S = len(inp.query_lens)
+        if inp.prev_token_rows is not None:
+            self.stage.host("prev_rows")[:S] = inp.prev_token_rows
+        self.stage.send()
+        if inp.prev_token_rows is not None:
+            torch.index_select(prev_tokens, 0, self.stage.on_device("prev_rows")[:S], out=self.input_ids[:S])
+        self.graphs[bs].replay()
         if direct:
             logits = self.logits[bs][:S]
         else:

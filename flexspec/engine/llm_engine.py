@@ -41,6 +41,14 @@ class _Step:
     t0: float
     pending: Any = None
     output: ModelOutput | None = None
+    # Async scheduling: the step's tokens were provisionally applied before it was collected (placeholder ids
+    # appended, computed tokens advanced) except for the sequences in ``held_out`` (ids), which finish with it.
+    provisional: bool = False
+    held_out: frozenset[int] = frozenset()
+
+
+# Input id of a token that is sampled but not read back yet (async scheduling); never reaches the model.
+PLACEHOLDER_TOKEN_ID = -1
 
 
 @dataclass
@@ -229,6 +237,80 @@ class LLMEngine:
         return sched, self.build_model_input(sched)
 
     @property
+    def schedules_ahead(self) -> bool:
+        """Whether plain decode steps are scheduled and launched before the previous step's tokens are read
+        back (``EngineConfig.async_scheduling``; engines without a drafter, with overlapped output processing)."""
+        on = self.config.async_scheduling
+        if on is None:
+            on = getattr(self.executor, "device_type", "cpu") == "cuda"
+        return bool(on) and self.policy is None and self.overlaps_output_processing
+
+    def _schedule_ahead(self, st: _Step) -> SchedulerOutput:
+        """Apply the launched, uncollected step ``st`` provisionally and schedule the next step on top of it.
+
+        Each sequence that samples in ``st`` gets a placeholder id (its sampled id, read back later) and its
+        computed tokens advanced, exactly as ``_step`` would after collecting; one that certainly finishes
+        with ``st``'s token (it reaches ``max_tokens`` or ``max_model_len``) is held out of the running list
+        instead, so that nothing is computed for it. Returns the next step's batch (possibly empty); ``_step``
+        launches it at once when it is a pure decode step of ``st``'s sequences (ids gathered on the device),
+        otherwise after ``st`` is collected (``_step_after``)."""
+        max_model_len = self.config.max_model_len
+        held_out: list[int] = []
+        running = self.scheduler.running
+        for s, samples in zip(st.sched.scheduled, st.inp.samples):
+            seq = s.seq
+            if seq.is_finished:
+                continue
+            if not samples:
+                seq.num_computed_tokens += s.num_new_tokens
+            elif seq.num_output_tokens + 1 >= seq.params.max_tokens or len(seq) + 1 >= max_model_len:
+                held_out.append(seq.seq_id)
+                running.remove(seq)  # finished by _append_ids when st is collected
+            else:
+                seq.num_computed_tokens += s.num_new_tokens
+                seq.token_ids.append(PLACEHOLDER_TOKEN_ID)
+        st.provisional, st.held_out = True, frozenset(held_out)
+        sched = self.scheduler.schedule()
+        self.stats.num_preemptions += len(sched.preempted)
+        return sched
+
+    def _launch_ahead(self, st: _Step, sched: SchedulerOutput) -> bool:
+        """Launch ``sched`` before ``st`` is collected if it is a pure decode step of sequences that sample in
+        ``st`` (their input ids: ``st``'s sampled ids, gathered on the device). Returns whether it launched."""
+        if not sched.scheduled or st.inp.num_logprobs is not None:
+            return False
+        rows: dict[int, int] = {}
+        for s, samples in zip(st.sched.scheduled, st.inp.samples):
+            if samples:
+                rows[s.seq.seq_id] = len(rows)
+        if not all(
+            s.num_new_tokens == 1 and s.num_draft_tokens == 0 and s.seq.seq_id in rows
+            for s in sched.scheduled
+        ):
+            return False
+        inp = self.build_model_input(sched)
+        inp.prev_token_rows = [rows[s.seq.seq_id] for s in sched.scheduled]
+        self._inflight = self._start(sched, inp)
+        return True
+
+    def _step_after(self, sched: SchedulerOutput) -> list[RequestOutput]:
+        """Launch the batch ``_schedule_ahead`` scheduled but could not launch early, now that the previous
+        step's tokens are applied; sequences that finished with that step are dropped from it. Schedules
+        afresh when nothing is left. Returns outputs to emit now (a request that cannot run at all)."""
+        scheduled = [s for s in sched.scheduled if not s.seq.is_finished]
+        if scheduled:
+            sched = SchedulerOutput(scheduled, sched.preempted)
+            self._inflight = self._start(sched, self.build_model_input(sched))
+            return []
+        if not self.scheduler.has_unfinished:
+            return []
+        nxt = self._schedule()
+        if isinstance(nxt, list):
+            return nxt
+        self._inflight = self._start(*nxt)
+        return []
+
+    @property
     def overlaps_output_processing(self) -> bool:
         """Whether ``step`` starts the next step before processing the last one's outputs (plain steps are then
         launched without waiting; speculative steps still run synchronously)."""
@@ -263,6 +345,11 @@ class LLMEngine:
                 return nxt
             self._inflight = self._start(*nxt)
         st, self._inflight = self._inflight, None
+        ahead: SchedulerOutput | None = None
+        if st.pending is not None and self.schedules_ahead:
+            ahead = self._schedule_ahead(st)
+            if self._launch_ahead(st, ahead):
+                ahead = None  # launched: nothing left to do after collecting st
         out = st.output if st.output is not None else self.executor.collect(st.pending)  # type: ignore[attr-defined]
         done = time.perf_counter()
         self.last_step_seconds = done - st.t0
@@ -282,7 +369,7 @@ class LLMEngine:
         for s, samples in zip(sched.scheduled, inp.samples):
             seq = s.seq
             if not samples:
-                if not seq.is_finished:
+                if not seq.is_finished and not st.provisional:
                     seq.num_computed_tokens += s.num_new_tokens
                 continue
             tokens = out.token_ids[i]
@@ -298,14 +385,19 @@ class LLMEngine:
             step_metrics.observe(s.num_draft_tokens, accepted)
             if self.policy is not None:
                 self.policy.observe_request(seq, s.num_draft_tokens, accepted)
-            # K/V of rejected drafts stay in the cache but are overwritten: only accepted positions count.
-            seq.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens + accepted
+            if st.provisional and seq.seq_id not in st.held_out:
+                seq.token_ids.pop()  # the placeholder (computed tokens were advanced by _schedule_ahead)
+            else:
+                # K/V of rejected drafts stay in the cache but are overwritten: only accepted positions count.
+                seq.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens + accepted
             lps = None
             if lps_row is not None and seq.params.logprobs is not None:
                 n = seq.params.logprobs
                 lps = [TokenLogprob(t, lp, top[:n]) for t, lp, top in zip(tokens, lps_row, tops_row)]  # type: ignore[arg-type]
             appended.append(self._append_ids(seq, tokens, lps))
             seq.draft_token_ids = [] if seq.is_finished else list(drafts)
+            if seq.seq_id in st.held_out and not seq.is_finished:
+                raise RuntimeError(f"request {seq.request_id} was held out of scheduling but did not finish")
         if i != len(out.token_ids):
             raise RuntimeError(f"step returned {len(out.token_ids)} token rows for {i} sampling sequences")
         self.spec_metrics.merge(step_metrics)
@@ -321,7 +413,11 @@ class LLMEngine:
                 step_metrics.per_position_acceptance,
             )
         early: list[RequestOutput] = []
-        if self.overlaps_output_processing and self.scheduler.has_unfinished:
+        if ahead is not None:
+            early = self._step_after(ahead)
+        elif st.provisional:
+            pass  # the next step is in flight already
+        elif self.overlaps_output_processing and self.scheduler.has_unfinished:
             nxt = self._schedule()
             if isinstance(nxt, list):
                 early = nxt

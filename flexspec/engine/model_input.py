@@ -21,6 +21,9 @@ class ModelInput:
     )  # [N] (T, p, k, seed, off)
     num_logprobs: int | None = None  # max top-logprobs over rows; None = no logprobs
     capture_layers: tuple[int, ...] = ()  # target layers whose outputs the drafter needs
+    # Async scheduling: [T] row of the previous launched step's sampled token ids that is each token's input id
+    # (gathered on the device; ``input_ids`` holds placeholders then). None = the ids are ``input_ids``.
+    prev_token_rows: list[int] | None = None
     # Speculative decoding (ignored without a drafter).
     seq_ids: list[int] = field(default_factory=list)  # [S]
     num_draft_tokens: list[int] = field(default_factory=list)  # [S] trailing draft tokens verified now

@@ -105,7 +105,11 @@ class ModelRunner:
         self.graphs: list[DecodeGraphs] = []  # by query length: plain decode (1) and verification (1 + K)
         self.mixed_graphs: MixedGraphs | None = None  # steps that prefill (any split of <= N tokens)
         self.spec_worker = None
-        self._tokens_host: torch.Tensor | None = None  # pinned readback buffer of sampled token ids
+        # Pinned readback buffers of sampled token ids, used in turn: with async scheduling a step is launched
+        # before the previous one's ids are read.
+        self._tokens_host: list[torch.Tensor] = []
+        self._num_launched = 0
+        self._last_tokens: torch.Tensor | None = None  # [N] int64 on the device: the last launched step's ids
         if config.speculative_config is not None:
             from flexspec.spec.spec_worker import SpecDecodeWorker
 
@@ -338,20 +342,36 @@ class ModelRunner:
         return t(inp.input_ids, torch.int64), meta
 
     @torch.inference_mode()
-    def forward(self, inp: ModelInput, side=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(
+        self, inp: ModelInput, side=None, prev_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run the model; returns (logits [N, V] fp32 for ``logits_indices``, captured hidden [T, H] each).
 
         ``side`` (a ``SideStream``) adds tokens that join at a later layer (FlexDraft parallel mode).
+        ``prev_tokens`` ([N'] int64 on the device, the previous step's sampled ids) gives the input ids when
+        ``inp.prev_token_rows`` is set (async scheduling).
+
+        Raises:
+            ValueError: ``inp.prev_token_rows`` without ``prev_tokens`` or not one row per token.
         """
+        if inp.prev_token_rows is not None and (
+            prev_tokens is None or len(inp.prev_token_rows) != inp.num_tokens
+        ):
+            raise ValueError(
+                "prev_token_rows needs the previous step's sampled ids and one row per input token"
+            )
         if side is None and all(inp.samples or [True]):
             for graphs in self.graphs:
                 if graphs.can_run(inp):
-                    return graphs.run(inp)
+                    return graphs.run(inp, prev_tokens)
         # Steps that prefill, also with chunks that emit nothing yet (their rows are not in logits_indices).
-        if side is None and self.mixed_graphs is not None and self.mixed_graphs.can_run(inp):
-            rows, captured = self.mixed_graphs.run(inp)
+        mixed = self.mixed_graphs
+        if side is None and mixed is not None and inp.prev_token_rows is None and mixed.can_run(inp):
+            rows, captured = mixed.run(inp)
             return self.model.compute_logits(rows), captured
         input_ids, meta = self.build_metadata(inp)
+        if inp.prev_token_rows is not None:
+            input_ids = prev_tokens[torch.tensor(inp.prev_token_rows).to(self.device, non_blocking=True)]
         kwargs = {"side": side} if side is not None else {}
         hidden, captured = self.model(input_ids, meta, capture_layers=inp.capture_layers, **kwargs)
         logits = self.model.compute_logits(hidden[meta.logits_indices])
@@ -379,20 +399,27 @@ class ModelRunner:
             return worker.launch(inp)  # a device-side verification step (SpecDecodeWorker.can_launch)
         if worker is not None:
             worker.note_plain_step(inp)
-        logits, captured = self.forward(inp)
+        prev = None
+        if inp.prev_token_rows is not None:
+            if self._last_tokens is None:
+                raise RuntimeError("prev_token_rows given but no step was launched before")
+            prev = self._last_tokens
+        logits, captured = self.forward(inp, prev_tokens=prev)
         meta = SamplingMetadata(inp.sampling_rows, self.device, inp.num_logprobs)
         tokens = sample(logits, meta)  # [N] int64
+        self._last_tokens = tokens
         if worker is not None:  # host bookkeeping while the device runs the step
             worker.commit_plain_step(inp)
             if worker.drafter.observes_plain_steps:
                 worker.drafter.observe_plain_step(inp, captured)  # e.g. DFlash's context, enqueued
         n = tokens.shape[0]
-        if self._tokens_host is None or self._tokens_host.shape[0] < n:
+        buffers = self._tokens_host
+        if not buffers or buffers[0].shape[0] < n:
             cuda = self.device.type == "cuda"
-            self._tokens_host = torch.empty(
-                max(n, self.config.max_num_seqs), dtype=torch.int64, pin_memory=cuda
-            )
-        host = self._tokens_host[:n]
+            size = max(n, self.config.max_num_seqs)
+            buffers[:] = [torch.empty(size, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self._num_launched += 1
+        host = buffers[self._num_launched % 2][:n]
         host.copy_(tokens, non_blocking=True)
         event = None
         if self.device.type == "cuda":
