@@ -87,6 +87,11 @@ def build_parser(prog: str = "python -m bench.engine_bench") -> argparse.Argumen
         action="store_true",
         help="Our engine with synchronous steps (no overlap of output processing with the next forward).",
     )
+    p.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="Our engine without async scheduling (each step scheduled after the previous step's readback).",
+    )
     p.add_argument("--decode-step-iters", type=int, default=200)
     p.add_argument(
         "--time-budget-s", type=float, default=0, help="Skip measurements starting after this (0 = off)."
@@ -174,6 +179,7 @@ def bench_ours(
             max_num_batched_tokens=max(2048, max_bs),
             enforce_eager=args.enforce_eager,
             async_output_processing=not args.no_async_output_processing,
+            async_scheduling=False if args.no_async_scheduling else None,
             cuda_graph_batch_sizes=sorted({1, 2, 4, 8, 16, 24, 32, 48, 64, *args.batch_sizes}),
             gpu_memory_utilization=args.gpu_memory_utilization,
         )
@@ -364,6 +370,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.engine_benc
                 "max_model_len": args.max_model_len,
                 "enforce_eager": args.enforce_eager,
                 "async_output_processing": not args.no_async_output_processing,
+                "async_scheduling": not args.no_async_scheduling,
             },
             "results": {},
         },
