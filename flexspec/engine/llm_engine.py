@@ -14,14 +14,14 @@ from configs.sampling import SamplingParams
 from flexspec.engine.block_manager import BlockManager
 from flexspec.engine.detokenizer import IncrementalDetokenizer, find_stop
 from flexspec.engine.executor import Executor, LocalExecutor
-from flexspec.engine.model_input import ModelInput, ModelOutput
+from flexspec.engine.model_input import PLACEHOLDER_TOKEN_ID, ModelInput, ModelOutput
 from flexspec.engine.outputs import RequestOutput
 from flexspec.engine.scheduler import Scheduler, SchedulerOutput
 from flexspec.engine.sequence import Sequence, TokenLogprob
 from flexspec.errors import ContextLengthExceededError, InvalidRequestError
 from flexspec.models.spec import ModelSpec
 from flexspec.spec.metrics import SpecDecodingMetrics
-from flexspec.spec.policy import SpeculationPolicy
+from flexspec.spec.policy import Decision, SpeculationPolicy
 
 
 @dataclass
@@ -45,10 +45,6 @@ class _Step:
     # appended, computed tokens advanced) except for the sequences in ``held_out`` (ids), which finish with it.
     provisional: bool = False
     held_out: frozenset[int] = frozenset()
-
-
-# Input id of a token that is sampled but not read back yet (async scheduling); never reaches the model.
-PLACEHOLDER_TOKEN_ID = -1
 
 
 @dataclass
@@ -173,7 +169,9 @@ class LLMEngine:
         return self.scheduler.has_unfinished or self._inflight is not None
 
     # ---- one step -----------------------------------------------------------------------------------------
-    def build_model_input(self, sched: SchedulerOutput) -> ModelInput:
+    def build_model_input(self, sched: SchedulerOutput, decision: Decision | None = None) -> ModelInput:
+        """The step's flattened input; ``decision`` is the speculation policy's for this batch (decided here
+        when not given)."""
         bs = self.config.kv_block_size
         max_model_len = self.config.max_model_len
         inp = ModelInput([], [], [], [], [], [], [])
@@ -218,7 +216,7 @@ class LLMEngine:
                     num_logprobs = max(num_logprobs or 0, p.logprobs)
         inp.num_logprobs = num_logprobs
         if self.policy is not None:
-            decision = self.policy.decide(sched)
+            decision = decision or self.policy.decide(sched)
             inp.num_speculative_tokens = decision.num_speculative_tokens
             inp.spec_mode = decision.mode
         inp.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
@@ -239,11 +237,17 @@ class LLMEngine:
     @property
     def schedules_ahead(self) -> bool:
         """Whether plain decode steps are scheduled and launched before the previous step's tokens are read
-        back (``EngineConfig.async_scheduling``; engines without a drafter, with overlapped output processing)."""
+        back (``EngineConfig.async_scheduling``, with overlapped output processing in one process). With a
+        drafter only plain steps that follow plain steps (the policy decided plain decoding) are."""
         on = self.config.async_scheduling
         if on is None:
             on = getattr(self.executor, "device_type", "cpu") == "cuda"
-        return bool(on) and self.policy is None and self.overlaps_output_processing
+        return bool(on) and self.overlaps_output_processing
+
+    @staticmethod
+    def _is_plain(inp: ModelInput) -> bool:
+        """A step that verifies no drafts and proposes none: one sampled token per emitting sequence."""
+        return inp.num_speculative_tokens == 0 and not any(inp.num_draft_tokens)
 
     def _schedule_ahead(self, st: _Step) -> SchedulerOutput:
         """Apply the launched, uncollected step ``st`` provisionally and schedule the next step on top of it.
@@ -253,7 +257,7 @@ class LLMEngine:
         with ``st``'s token (it reaches ``max_tokens`` or ``max_model_len``) is held out of the running list
         instead, so that nothing is computed for it. Returns the next step's batch (possibly empty); ``_step``
         launches it at once when it is a pure decode step of ``st``'s sequences (ids gathered on the device),
-        otherwise after ``st`` is collected (``_step_after``)."""
+        otherwise after ``st`` is collected (``_step_after``). ``st`` must be a plain step (``_is_plain``)."""
         max_model_len = self.config.max_model_len
         held_out: list[int] = []
         running = self.scheduler.running
@@ -274,11 +278,17 @@ class LLMEngine:
         self.stats.num_preemptions += len(sched.preempted)
         return sched
 
-    def _launch_ahead(self, st: _Step, sched: SchedulerOutput) -> bool:
-        """Launch ``sched`` before ``st`` is collected if it is a pure decode step of sequences that sample in
-        ``st`` (their input ids: ``st``'s sampled ids, gathered on the device). Returns whether it launched."""
+    def _launch_ahead(
+        self, st: _Step, sched: SchedulerOutput
+    ) -> tuple[SchedulerOutput, Decision | None] | None:
+        """Launch ``sched`` before ``st`` is collected if it is a plain pure decode step of sequences that
+        sample in ``st`` (their input ids: ``st``'s sampled ids, gathered on the device). Returns None when it
+        launched, else the batch and the policy's decision for it, for ``_step_after``."""
+        decision = self.policy.decide(sched) if self.policy is not None and sched.scheduled else None
         if not sched.scheduled or st.inp.num_logprobs is not None:
-            return False
+            return sched, decision
+        if decision is not None and decision.num_speculative_tokens:
+            return sched, decision  # speculation starts: its step is built on the real ids
         rows: dict[int, int] = {}
         for s, samples in zip(st.sched.scheduled, st.inp.samples):
             if samples:
@@ -287,20 +297,23 @@ class LLMEngine:
             s.num_new_tokens == 1 and s.num_draft_tokens == 0 and s.seq.seq_id in rows
             for s in sched.scheduled
         ):
-            return False
-        inp = self.build_model_input(sched)
+            return sched, decision
+        inp = self.build_model_input(sched, decision)
         inp.prev_token_rows = [rows[s.seq.seq_id] for s in sched.scheduled]
+        if not self.executor.can_launch(inp):  # type: ignore[attr-defined]
+            raise RuntimeError("a plain decode step scheduled ahead cannot be launched")
         self._inflight = self._start(sched, inp)
-        return True
+        return None
 
-    def _step_after(self, sched: SchedulerOutput) -> list[RequestOutput]:
-        """Launch the batch ``_schedule_ahead`` scheduled but could not launch early, now that the previous
-        step's tokens are applied; sequences that finished with that step are dropped from it. Schedules
-        afresh when nothing is left. Returns outputs to emit now (a request that cannot run at all)."""
+    def _step_after(self, sched: SchedulerOutput, decision: Decision | None) -> list[RequestOutput]:
+        """Launch the batch ``_schedule_ahead`` scheduled but could not launch early (with the policy's
+        ``decision`` for it), now that the previous step's tokens are applied; sequences that finished with
+        that step are dropped from it. Schedules afresh when nothing is left. Returns outputs to emit now (a
+        request that cannot run at all)."""
         scheduled = [s for s in sched.scheduled if not s.seq.is_finished]
         if scheduled:
             sched = SchedulerOutput(scheduled, sched.preempted)
-            self._inflight = self._start(sched, self.build_model_input(sched))
+            self._inflight = self._start(sched, self.build_model_input(sched, decision))
             return []
         if not self.scheduler.has_unfinished:
             return []
@@ -345,11 +358,9 @@ class LLMEngine:
                 return nxt
             self._inflight = self._start(*nxt)
         st, self._inflight = self._inflight, None
-        ahead: SchedulerOutput | None = None
-        if st.pending is not None and self.schedules_ahead:
-            ahead = self._schedule_ahead(st)
-            if self._launch_ahead(st, ahead):
-                ahead = None  # launched: nothing left to do after collecting st
+        ahead: tuple[SchedulerOutput, Decision | None] | None = None
+        if st.pending is not None and self._is_plain(st.inp) and self.schedules_ahead:
+            ahead = self._launch_ahead(st, self._schedule_ahead(st))  # None: launched
         out = st.output if st.output is not None else self.executor.collect(st.pending)  # type: ignore[attr-defined]
         done = time.perf_counter()
         self.last_step_seconds = done - st.t0
@@ -414,7 +425,7 @@ class LLMEngine:
             )
         early: list[RequestOutput] = []
         if ahead is not None:
-            early = self._step_after(ahead)
+            early = self._step_after(*ahead)
         elif st.provisional:
             pass  # the next step is in flight already
         elif self.overlaps_output_processing and self.scheduler.has_unfinished:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Input id of a token that is sampled but not read back yet (async scheduling): the device gathers the real id
+# (``ModelInput.prev_token_rows``); never embedded.
+PLACEHOLDER_TOKEN_ID = -1
+
 
 @dataclass
 class ModelInput:

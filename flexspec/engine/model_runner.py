@@ -31,6 +31,7 @@ class PendingStep:
     event: torch.cuda.Event | None  # None on CPU (the step ran synchronously)
     logits: torch.Tensor  # [N, V] fp32 on the device (for logprobs at collect time)
     num_logprobs: int | None
+    inp: ModelInput | None = None  # kept with a drafter (its histories take the sampled ids at collect time)
 
 
 MIXED_GRAPH_MAX_ERROR = 0.1  # graph vs eager logits, per row: bf16 tile-order noise ~1e-2; a wrong layout ~1
@@ -425,7 +426,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        return PendingStep(host, event, logits, inp.num_logprobs)
+        return PendingStep(host, event, logits, inp.num_logprobs, inp if worker is not None else None)
 
     def collect(self, pending) -> ModelOutput:
         """Wait for a launched step and return its output (rank 0)."""
@@ -433,7 +434,10 @@ class ModelRunner:
             return self.spec_worker.collect(pending)  # type: ignore[union-attr]
         if pending.event is not None:
             pending.event.synchronize()
-        out = ModelOutput(token_ids=[[t] for t in pending.tokens.tolist()])
+        tokens = pending.tokens.tolist()
+        out = ModelOutput(token_ids=[[t] for t in tokens])
+        if pending.inp is not None:
+            self.spec_worker.record_sampled(pending.inp, tokens)  # type: ignore[union-attr]
         if pending.num_logprobs is not None:
             self.attach_logprobs(out, pending.logits, list(range(len(out.token_ids))), pending.num_logprobs)
         return out

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flexspec.engine.model_input import ModelInput, ModelOutput
+from flexspec.engine.model_input import PLACEHOLDER_TOKEN_ID, ModelInput, ModelOutput
 from flexspec.engine.sampler import SamplingMetadata, sample
 from flexspec.spec.base import DraftProposal, SeqDraftInput
 from flexspec.spec.registry import build_drafter
@@ -94,6 +94,20 @@ class SpecDecodeWorker:
             self._commit(sid, ctx, inp.input_ids[r : r + n])
             self.pending_probs[sid] = None
             r += n
+
+    def record_sampled(self, inp: ModelInput, tokens: list[int]) -> None:
+        """A launched plain step's sampled ids, once read back (``tokens`` [N], one per emitting sequence):
+        where the next step was launched before them (async scheduling), its committed input is a placeholder
+        at the sampled position; the history takes the real id."""
+        row = 0
+        for sid, ctx, n, samples in zip(inp.seq_ids, inp.context_lens, inp.query_lens, inp.samples):
+            if not samples:
+                continue
+            hist = self.history.get(sid)
+            pos = ctx + n
+            if hist is not None and len(hist) > pos and hist[pos] == PLACEHOLDER_TOKEN_ID:
+                hist[pos] = tokens[row]
+            row += 1
 
     def _commit(self, sid: int, ctx: int, committed: list[int]) -> list[int]:
         """Sequence ``sid``'s history cut to its ``ctx`` cached tokens (dropping rejected drafts and anything

@@ -1,0 +1,69 @@
+"""Async scheduling in speculative engines (issue 6: a step the policy runs plainly must cost what it costs
+without a drafter): a plain decode step that follows a plain step is launched before that step's tokens are
+read back, as in the plain engine. Speculative steps, and the step where speculation starts, wait for the
+readback. Output, drafts and acceptances stay exactly those of the same decisions without it."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs import SamplingParams
+from flexspec.engine.model_input import PLACEHOLDER_TOKEN_ID
+from flexspec.spec.policy import Decision
+from tests.spec.conftest import spec_engine
+
+
+def _run(eng, prompts, ahead: bool, plain_steps: int):
+    """Fixed decisions (``plain_steps`` plain steps, then one that drafts) so both runs decide alike; returns
+    (token ids, drafts, accepted, steps launched from the previous step's ids)."""
+    eng.config.async_scheduling = ahead
+    n = {"decisions": 0, "ahead": 0}
+
+    def decide(sched):
+        n["decisions"] += 1
+        return Decision("decoupled", 4) if n["decisions"] % (plain_steps + 1) == 0 else Decision("plain", 0)
+
+    launch = eng.executor.launch
+
+    def counted(inp):
+        n["ahead"] += inp.prev_token_rows is not None
+        return launch(inp)
+
+    eng.policy.decide, eng.executor.launch = decide, counted
+    worker = eng.executor.runner.spec_worker
+    drafts0, accepted0 = eng.spec_metrics.num_draft_tokens, eng.spec_metrics.num_accepted_tokens
+    params = SamplingParams(max_tokens=40, temperature=0)
+    rids = [eng.add_request(p, params) for p in prompts]
+    final = {}
+    try:
+        while eng.has_unfinished:
+            for o in eng.step():
+                if o.finished:
+                    final[o.request_id] = o.token_ids
+            # Between steps no history holds a placeholder: the ids read back replace them.
+            assert not any(PLACEHOLDER_TOKEN_ID in h for h in worker.history.values())
+    finally:
+        del eng.policy.decide, eng.executor.launch
+        eng.config.async_scheduling = None
+    m = eng.spec_metrics
+    return [final[r] for r in rids], m.num_draft_tokens - drafts0, m.num_accepted_tokens - accepted0, n["ahead"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},  # drafts from the history
+        {"method": "dflash", "model": "smollm2-135m-instruct-dflash", "num_speculative_tokens": 4},
+    ],
+    ids=["ngram", "dflash"],
+)
+def test_plain_steps_scheduled_ahead_between_speculative_steps_are_exact(plain_128, spec):
+    prompts, want = plain_128
+    prompts, want = prompts[1::5], [w[:40] for w in want[1::5]]
+    eng = spec_engine(spec, max_num_seqs=4)
+    tokens_a, drafts_a, accepted_a, ahead_a = _run(eng, prompts, True, plain_steps=3)
+    tokens_s, drafts_s, accepted_s, ahead_s = _run(eng, prompts, False, plain_steps=3)
+    assert tokens_a == tokens_s == want
+    assert (drafts_a, accepted_a) == (drafts_s, accepted_s) and accepted_s > 0
+    assert ahead_s == 0 and ahead_a >= 10  # plain steps after plain steps were launched ahead
+    assert eng.block_manager.usage == 0.0
