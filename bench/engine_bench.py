@@ -121,8 +121,14 @@ def mixed_prompts(tokenizer: Any, datasets: list[str], n: int, max_prompt_len: i
 
 def time_decode_step(runner: Any, inp: Any, iters: int) -> dict[str, Any]:
     """Median time of one batch-1 decode step replayed in isolation (the captured input's KV slot is
-    rewritten with the same values each time)."""
+    rewritten with the same values each time). An input scheduled ahead (async scheduling: placeholder ids,
+    gathered on the device from the previous step's) is replayed with token id 0 instead."""
+    import dataclasses
+
     import torch
+
+    if inp.prev_token_rows is not None:
+        inp = dataclasses.replace(inp, input_ids=[0] * inp.num_tokens, prev_token_rows=None)
 
     cuda = runner.device.type == "cuda"
     res: dict[str, Any] = {"timer": "cuda_events" if cuda else "perf_counter", "iters": iters}
