@@ -45,6 +45,9 @@ class _Step:
     # appended, computed tokens advanced) except for the sequences in ``held_out`` (ids), which finish with it.
     provisional: bool = False
     held_out: frozenset[int] = frozenset()
+    # The policy's decision before this step's (its timing counts only in a mode's steady state). Kept here
+    # because with async scheduling the next step is decided before this one is observed.
+    prev_mode: str | None = None
 
 
 @dataclass
@@ -332,9 +335,11 @@ class LLMEngine:
     def _start(self, sched: SchedulerOutput, inp: ModelInput) -> _Step:
         t0 = time.perf_counter()
         ex: Any = self.executor
+        modes = self.policy.last_modes if self.policy is not None else []
+        prev = modes[0] if len(modes) == 2 else None  # modes[-1] is this step's decision
         if self.overlaps_output_processing and ex.can_launch(inp):
-            return _Step(sched, inp, t0, pending=ex.launch(inp))
-        return _Step(sched, inp, t0, output=ex.execute(inp))
+            return _Step(sched, inp, t0, pending=ex.launch(inp), prev_mode=prev)
+        return _Step(sched, inp, t0, output=ex.execute(inp), prev_mode=prev)
 
     def step(self) -> list[RequestOutput]:
         """Run one step and return the outputs of the step that completed.
@@ -422,6 +427,7 @@ class LLMEngine:
                 len(sched.scheduled),
                 period if decode else None,
                 step_metrics.per_position_acceptance,
+                previous=st.prev_mode,
             )
         early: list[RequestOutput] = []
         if ahead is not None:

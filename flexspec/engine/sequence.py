@@ -56,6 +56,7 @@ class Sequence:
         self.draft_token_ids: list[int] = []
         self.spec_tokens_per_step: float | None = None  # this request's running MAL (speculation policy)
         self.spec_estimate_weight = 1.0  # its weight against the policy's prior: decays while not verified
+        self.spec_num_verifications = 0  # verification steps behind spec_tokens_per_step
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -16,17 +16,23 @@ are measured online per (mode, batch-size bucket). A request's MAL estimate:
 * its own running MAL r is an EMA (``EMA``) of accepted + 1 per verification that starts from G, so after n
   verifications the prior still weighs (1 - EMA)^n (shrinkage: one unlucky first step does not send a request
   to plain decoding);
-* the policy uses G + w (r - G), where w, the weight of the request's own evidence, is 1 after a verification
+* the policy uses G + c w (r - G), where w, the weight of the request's own evidence, is 1 after a verification
   and shrinks by ``STALE_KEEP`` (half-life ``STALE_HALF_LIFE``) for every step the request emits without
-  verifying drafts (a plain step), since a request that is not drafted for gets no new evidence. A request put
-  on plain for a low r is so speculated on again after a few plain steps (r = 1, G = 2.8, break-even MAL 1.5:
-  after 4), and one whose drafts still fail returns to plain after that verification (r itself is kept).
+  verifying drafts (a plain step), since a request that is not drafted for gets no new evidence; and
+  c = n / (n + ``REQUEST_PRIOR_WEIGHT``) grows with the request's number of verifications n, so a few unlucky
+  verifications early on move the estimate little and a long run of failures moves it almost all the way. A
+  request put on plain for a low r is so speculated on again after a few plain steps (r = 1, G = 2.7 after 20
+  failed verifications, break-even MAL 1.5: after 2), and one whose drafts still fail returns to plain after
+  that verification (r itself is kept).
 
 Why: a wrong ``plain`` costs MAL - 1 tokens per step (~1.8 on GSM8K), a wrong speculative step only its extra
 time (~0.2-0.5 of a plain step), and a request's acceptance has little memory: with the shipped DFlash drafter
 on GSM8K (8 requests, 571 verifications) accepted lengths 4-16 tokens apart correlate ~0.1, from 32 on ~0.
 Without the decay a request stuck on plain was re-tested only by the runner-up probe (below), and at batch 1
-``auto`` trailed always-``decoupled`` (issue 6).
+``auto`` trailed always-``decoupled`` (issue 6). Without c (c = 1), once plain steps got cheaper (async
+scheduling, session 12: plain 0.77 ms, decoupled 1.73 ms per step at batch 1, break-even MAL 2.25 x
+``SPEC_MARGIN``), three rejected verifications in a row (EMA 0.2: r 3 -> 2.28) sent a GSM8K request (G ~3) to
+plain: 51% of the batch-1 steps were plain and ``auto`` reached 0.84 of always-``decoupled``.
 
 Step times:
 
@@ -71,6 +77,7 @@ PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at leas
 EMA = 0.2  # weight of the newest sample in acceptance and per-request MAL moving averages
 STAT_WINDOW = 15  # step times per (mode, bucket) whose median is the estimate
 PROFILE_PRIOR_WEIGHT = 8  # verifications the warm-up profile's acceptance counts for in the prior G
+REQUEST_PRIOR_WEIGHT = 8  # verifications of a request at which its own evidence weighs half (the c above)
 SPEC_MARGIN = 1.05  # speculation is chosen over plain decoding only if its expected rate is this much higher
 PRIOR_WINDOW = 256  # verifications (all requests) behind the prior MAL: ~3 GSM8K requests at batch 1
 STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a request's own MAL estimate
@@ -184,10 +191,13 @@ class SpeculationPolicy:
         return self.expected_tokens_per_step("decoupled") if g is None else g
 
     def request_tokens_per_step(self, seq, prior: float | None = None) -> float:
-        """A request's estimated MAL: G + w (r - G) (see the module doc); ``prior`` = G when already known."""
+        """A request's estimated MAL: G + c w (r - G) (see the module doc); ``prior`` = G when already known."""
         g = self.prior() if prior is None else prior
         r = getattr(seq, "spec_tokens_per_step", None)
-        return g if r is None else g + seq.spec_estimate_weight * (r - g)
+        if r is None:
+            return g
+        n = getattr(seq, "spec_num_verifications", 1)
+        return g + n / (n + REQUEST_PRIOR_WEIGHT) * seq.spec_estimate_weight * (r - g)
 
     def _batch_tokens_per_step(self, sched: SchedulerOutput) -> float:
         """Mean over the batch of each request's estimated MAL (``request_tokens_per_step``)."""
@@ -235,14 +245,22 @@ class SpeculationPolicy:
 
     # ---- feedback -------------------------------------------------------------------------------------------
     def observe(
-        self, mode: str, num_seqs: int, seconds: float | None, per_position_acceptance: list[float] | None
+        self,
+        mode: str,
+        num_seqs: int,
+        seconds: float | None,
+        per_position_acceptance: list[float] | None,
+        previous: str | None = None,
     ) -> None:
         """Record one step's wall time and acceptance. ``seconds`` is None for steps that are not pure decode
         steps (a prompt prefilled in the same step makes it unrepresentative; the engine leaves those out).
 
-        The time is recorded only when this step's decision equals the previous one (see the module doc);
-        acceptance is recorded for every step that verified drafts."""
-        previous = self.last_modes[0] if len(self.last_modes) == 2 else mode
+        The time is recorded only when this step's decision equals the previous one (``previous``: the
+        decision made before this step's; default: the one before the latest decision, which is this step's
+        unless the next step was decided already, as with async scheduling; see the module doc); acceptance
+        is recorded for every step that verified drafts."""
+        if previous is None:
+            previous = self.last_modes[0] if len(self.last_modes) == 2 else mode
         if seconds is not None and previous == mode:
             key = (mode, batch_bucket(num_seqs))
             if self.forced is not None:
@@ -296,3 +314,4 @@ class SpeculationPolicy:
         prev = seq.spec_tokens_per_step
         seq.spec_tokens_per_step = (1 - EMA) * (g if prev is None else prev) + EMA * tokens
         seq.spec_estimate_weight = 1.0
+        seq.spec_num_verifications = getattr(seq, "spec_num_verifications", 0) + 1

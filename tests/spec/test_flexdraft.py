@@ -44,12 +44,15 @@ def _spec(ckpt: str, execution: str, **kw) -> LLMEngine:
 
 
 @pytest.mark.parametrize("execution", ["parallel", "decoupled", "auto"])
-def test_exact_at_t0_batch_1_and_8(engine, flexdraft_ckpt, execution):
-    prompts = real_prompts(engine, n_each=3)[:8]
-    p = SamplingParams(max_tokens=24, temperature=0)
+def test_exact_at_t0_batch_1_and_5(engine, flexdraft_ckpt, execution):
+    """A noisy checkpoint (few drafts accepted: many groups per step); the shipped drafter's exactness on 21
+    prompts x 128 tokens is in test_exact_all_methods. 5 prompts x 16 tokens: parallel steps are ~100x a plain
+    step on a 2-core CPU."""
+    prompts = real_prompts(engine, n_each=2)[:5]
+    p = SamplingParams(max_tokens=16, temperature=0)
     ref = [o.token_ids for o in engine.generate(prompts, p)]
     eng = _spec(flexdraft_ckpt, execution)
-    assert [o.token_ids for o in eng.generate(prompts, p)] == ref  # batch 8, mixed lengths
+    assert [o.token_ids for o in eng.generate(prompts, p)] == ref  # batch 5, mixed lengths
     assert eng.generate(prompts[:1], p)[0].token_ids == ref[0]  # batch 1
     assert eng.spec_metrics.num_drafts > 0
     if execution != "auto":

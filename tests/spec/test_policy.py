@@ -12,6 +12,7 @@ from flexspec.spec.policy import (
     EMA,
     PROBE_STEPS,
     REEXPLORE_EVERY,
+    REQUEST_PRIOR_WEIGHT,
     SPEC_MARGIN,
     STALE_HALF_LIFE,
     STALE_KEEP,
@@ -153,9 +154,11 @@ def _request():
     return seq, SchedulerOutput(scheduled=[SimpleNamespace(seq=seq)], preempted=[])  # type: ignore[list-item]
 
 
-def _plain_steps_to_break_even(prior: float, own: float, break_even: float) -> int:
-    """Plain steps after which G + w (r - G) reaches ``break_even`` (w = STALE_KEEP ** steps)."""
-    return math.ceil(math.log((prior - break_even) / (prior - own)) / math.log(STALE_KEEP))
+def _plain_steps_to_break_even(prior: float, own: float, break_even: float, n: int) -> int:
+    """Plain steps after which G + c w (r - G) reaches ``break_even`` (w = STALE_KEEP ** steps, c the weight of
+    ``n`` verifications)."""
+    c = n / (n + REQUEST_PRIOR_WEIGHT)
+    return math.ceil(math.log((prior - break_even) / (c * (prior - own))) / math.log(STALE_KEEP))
 
 
 def test_a_request_on_plain_is_speculated_on_again_and_returns_to_plain_while_its_drafts_fail():
@@ -170,8 +173,10 @@ def test_a_request_on_plain_is_speculated_on_again_and_returns_to_plain_while_it
         pol.observe_request(seq, 4, 0)
     prior, own = pol.prior(), seq.spec_tokens_per_step
     assert prior > 2.5 and own < 1.1
-    n = _plain_steps_to_break_even(prior, own, 1.5 * SPEC_MARGIN)  # plain wins near-ties
-    assert 1 < n <= STALE_HALF_LIFE  # r ~ 1, G ~ 2.7: the own estimate must lose ~1/3 of its weight
+    n = _plain_steps_to_break_even(prior, own, 1.5 * SPEC_MARGIN, 20)  # plain wins near-ties
+    assert (
+        1 <= n <= STALE_HALF_LIFE
+    )  # r ~ 1, G ~ 2.7, c = 20 / 28: the own estimate must lose a little weight
     modes = []
     for _ in range(n + 1):
         modes.append(pol.decide(batch).mode)
@@ -203,6 +208,25 @@ def test_one_unlucky_first_verification_does_not_send_a_request_to_plain():
     assert pol.decide(batch).mode == "decoupled"
 
 
+def test_a_short_unlucky_streak_early_in_a_request_does_not_send_it_to_plain():
+    """Session 12 (H200, batch 1): decoupled steps cost 2.25 plain ones, break-even MAL 2.36; with the
+    request's own EMA at full weight, three rejections in a row (3 -> 2.02) sent GSM8K requests (G ~3) to plain
+    half the time. The own evidence of n verifications weighs n / (n + REQUEST_PRIOR_WEIGHT)."""
+    pol = _policy(execution="auto")
+    _train(pol, 1, {"plain": 1.0, "decoupled": 2.25, "parallel": 9.0}, [0.9, 0.8, 0.7, 0.6])
+    other, _ = _request()
+    for _ in range(100):
+        pol.observe_request(other, 4, 2)
+    seq, batch = _request()
+    for _ in range(3):
+        pol.observe_request(seq, 4, 0)
+    assert seq.spec_tokens_per_step < 2.1 and pol.prior() > 2.9  # at full weight: below break-even
+    assert pol.decide(batch).mode == "decoupled"
+    for _ in range(25):  # a long run of failures is evidence: plain
+        pol.observe_request(seq, 4, 0)
+    assert pol.decide(batch).mode == "plain"
+
+
 def test_batch1_gsm8k_auto_returns_to_speculation_after_plain_steps():
     """Real engine and shipped DFlash drafter on a GSM8K prompt at batch 1. Step times come from a fixed cost
     model (decoupled = 2 plain steps: break-even MAL 2.1 with the margin, so the shipped drafter has requests on
@@ -224,7 +248,7 @@ def test_batch1_gsm8k_auto_returns_to_speculation_after_plain_steps():
         calls.append(seq.seq_id)
         observe_request(seq, num_draft_tokens, num_accepted)
 
-    pol.observe = lambda mode, n, seconds, acc: observe(mode, n, cost[mode], acc)
+    pol.observe = lambda mode, n, seconds, acc, previous=None: observe(mode, n, cost[mode], acc, previous)
     pol.observe_request = counted_observe_request
     pol.decide = lambda sched: modes.append(decide(sched).mode) or Decision(modes[-1], 0 if modes[-1] == "plain" else
                                                                              pol.spec.num_speculative_tokens)  # fmt: skip
@@ -267,9 +291,9 @@ def test_steps_that_prefill_a_prompt_do_not_time_a_mode():
 
         return wrapper
 
-    def observed(mode, n, seconds, acceptance):
+    def observed(mode, n, seconds, acceptance, previous=None):
         timed.append(seconds is not None)
-        observe(mode, n, seconds, acceptance)
+        observe(mode, n, seconds, acceptance, previous)
 
     ex.execute, ex.launch, pol.observe = classified(execute), classified(launch), observed
     params = SamplingParams(max_tokens=12, temperature=0)
