@@ -276,6 +276,9 @@ class LLMEngine:
             else:
                 seq.num_computed_tokens += s.num_new_tokens
                 seq.token_ids.append(PLACEHOLDER_TOKEN_ID)
+                # st proposes nothing: after it the sequence has no drafts (stale ones from an earlier step
+                # that st did not verify, e.g. for lack of token budget, must not be scheduled on top of it)
+                seq.draft_token_ids = []
         st.provisional, st.held_out = True, frozenset(held_out)
         sched = self.scheduler.schedule()
         self.stats.num_preemptions += len(sched.preempted)
