@@ -47,9 +47,9 @@ class EngineConfig(BaseModel):
         "reach the host (vLLM's async scheduling), so the device does not wait for the host's scheduling, input "
         "building and graph launch: the next step's input ids are the current step's sampled ids, gathered on "
         "the device. A request that stops on EOS, a stop token or a stop string computes one token more, which "
-        "is dropped (outputs are unchanged). Needs async_output_processing and one process (TP = 1); engines "
-        "without a speculative_config; steps that prefill or return logprobs are scheduled after the previous "
-        "step's tokens as before. None = on for CUDA / ROCm devices (on a CPU steps run synchronously and gain "
+        "is dropped (outputs are unchanged). Needs async_output_processing and one process (TP = 1); with a "
+        "speculative_config only plain steps after plain steps (the policy decided plain); steps that prefill, "
+        "return logprobs or start speculation are scheduled after the previous step's tokens as before. None = on for CUDA / ROCm devices (on a CPU steps run synchronously and gain "
         "nothing).",
     )
     cuda_graph_batch_sizes: list[int] = Field(

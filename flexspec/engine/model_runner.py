@@ -110,7 +110,10 @@ class ModelRunner:
         # before the previous one's ids are read.
         self._tokens_host: list[torch.Tensor] = []
         self._num_launched = 0
-        self._last_tokens: torch.Tensor | None = None  # [N] int64 on the device: the last launched step's ids
+        # [N] int64 on the device: the last plain step's sampled ids, which a step scheduled ahead gathers its
+        # input ids from (set only on this runner's plain launch path; the engine schedules ahead only after
+        # plain steps, and never after one with logprobs: the next replay overwrites the graph's logits)
+        self._last_tokens: torch.Tensor | None = None
         if config.speculative_config is not None:
             from flexspec.spec.spec_worker import SpecDecodeWorker
 
