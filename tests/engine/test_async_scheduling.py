@@ -16,10 +16,7 @@ from configs import EngineConfig, SamplingParams
 from flexspec.engine.llm_engine import LLMEngine
 from flexspec.engine.model_input import ModelInput
 from tests.conftest import DEFAULT_MODEL
-
-
-def chat(engine, text: str) -> list[int]:
-    return engine.apply_chat_template([{"role": "user", "content": text}])
+from tests.engine.test_async_output import chat, run_streaming
 
 
 @contextlib.contextmanager
@@ -47,20 +44,6 @@ def count_launches(engine):
         yield launched
     finally:
         del engine.executor.launch
-
-
-def run_streaming(engine, prompts, params):
-    """Step to completion; per request: (streamed text, streamed ids, logprob ids, final output)."""
-    rids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-    seen = {r: ["", [], [], None] for r in rids}
-    while engine.has_unfinished:
-        for o in engine.step():
-            rec = seen[o.request_id]
-            rec[0] += o.new_text
-            rec[1] += o.new_token_ids
-            rec[2] += [(lp.token_id, round(lp.logprob, 4)) for lp in o.new_logprobs or []]
-            rec[3] = o
-    return [seen[r] for r in rids]
 
 
 def test_default_is_off_on_cpu_and_needs_overlapped_output(engine):
