@@ -32,6 +32,7 @@ class PendingStep:
     logits: torch.Tensor  # [N, V] fp32 on the device (for logprobs at collect time)
     num_logprobs: int | None
     inp: ModelInput | None = None  # kept with a drafter (its histories take the sampled ids at collect time)
+    followed_ahead: bool = False  # the next step was launched before this one's ids were read back
 
 
 MIXED_GRAPH_MAX_ERROR = 0.1  # graph vs eager logits, per row: bf16 tile-order noise ~1e-2; a wrong layout ~1
@@ -114,6 +115,7 @@ class ModelRunner:
         # input ids from (set only on this runner's plain launch path; the engine schedules ahead only after
         # plain steps, and never after one with logprobs: the next replay overwrites the graph's logits)
         self._last_tokens: torch.Tensor | None = None
+        self._last_pending: PendingStep | None = None
         if config.speculative_config is not None:
             from flexspec.spec.spec_worker import SpecDecodeWorker
 
@@ -408,6 +410,8 @@ class ModelRunner:
             if self._last_tokens is None:
                 raise RuntimeError("prev_token_rows given but no step was launched before")
             prev = self._last_tokens
+            if self._last_pending is not None:
+                self._last_pending.followed_ahead = True
         logits, captured = self.forward(inp, prev_tokens=prev)
         meta = SamplingMetadata(inp.sampling_rows, self.device, inp.num_logprobs)
         tokens = sample(logits, meta)  # [N] int64
@@ -429,7 +433,9 @@ class ModelRunner:
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        return PendingStep(host, event, logits, inp.num_logprobs, inp if worker is not None else None)
+        pending = PendingStep(host, event, logits, inp.num_logprobs, inp if worker is not None else None)
+        self._last_pending = pending
+        return pending
 
     def collect(self, pending) -> ModelOutput:
         """Wait for a launched step and return its output (rank 0)."""
@@ -439,7 +445,7 @@ class ModelRunner:
             pending.event.synchronize()
         tokens = pending.tokens.tolist()
         out = ModelOutput(token_ids=[[t] for t in tokens])
-        if pending.inp is not None:
+        if pending.inp is not None and pending.followed_ahead:  # placeholders only then
             self.spec_worker.record_sampled(pending.inp, tokens)  # type: ignore[union-attr]
         if pending.num_logprobs is not None:
             self.attach_logprobs(out, pending.logits, list(range(len(out.token_ids))), pending.num_logprobs)
