@@ -378,8 +378,9 @@ class DFlashDrafter(Drafter):
     def _greedy_block(
         self, bonus: torch.Tensor, ctx_lens: torch.Tensor, tables: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_block_hidden`` + target LM head -> ``_greedy`` over all B-1 positions: the captured step."""
-        hidden = self._block_hidden(bonus, ctx_lens, tables)
+        """``_block_hidden`` + target LM head -> ``_greedy`` over the first ``num_speculative_tokens`` mask
+        positions (the ones that can become drafts): the captured step."""
+        hidden = self._block_hidden(bonus, ctx_lens, tables)[:, : self.num_speculative_tokens]
         S, n = hidden.shape[:2]
         logits = self.model.compute_logits(hidden.reshape(S * n, -1), self.target.lm_head)
         return self._greedy(logits.view(S, n, -1))

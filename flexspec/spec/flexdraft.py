@@ -95,8 +95,10 @@ class FlexDraftDrafter(Drafter):
         self, hidden: torch.Tensor, bonus: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [S, B-1, H] (final-norm mask tokens after the bonus), bonus [S] int64 ->
-        (drafts [S, B-1] int64, verification length [S] int64 >= 1: drafts kept while the cumulative product of
-        their top probabilities stays >= ``verification_threshold``)."""
+        (drafts [S, k] int64, verification length [S] int64 >= 1: drafts kept while the cumulative product of
+        their top probabilities stays >= ``verification_threshold``), k = ``num_speculative_tokens``: the LM head
+        runs on the k mask tokens that can become drafts only (all B-1 still attend to each other)."""
+        hidden = hidden[:, : self.num_speculative_tokens]
         S, n = hidden.shape[:2]
         logits = self.model.draft_logits(hidden.reshape(S * n, -1), bonus.repeat_interleave(n))  # [S*n, V]
         probs, tokens = logits.softmax(-1).max(-1)
