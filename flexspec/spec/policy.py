@@ -45,13 +45,26 @@ Step times:
   decoding's time changes between the two buckets; so a new batch size does not re-measure every option:
   only options whose estimate is within ``PLAUSIBLE`` of the best are measured there (the best one is
   simply used, which measures it);
-* the runner-up is re-measured (``PROBE_STEPS`` consecutive steps) every ``REEXPLORE_EVERY`` decisions of a
-  bucket if its estimate is within ``PROBE_WITHIN`` of the best, so an estimate made under unlucky conditions
-  (or a batch of requests whose estimates are low) does not lock a mode out.
+* the runner-up is re-measured (``PROBE_STEPS`` consecutive steps) if its estimate is within ``PROBE_WITHIN``
+  of the best, after ``REEXPLORE_EVERY`` decisions of a bucket, then after twice as many each time, up to
+  ``REEXPLORE_MAX``, so an estimate made under unlucky conditions (or a batch of requests whose estimates are
+  low) does not lock a mode out, and a mode that keeps losing costs ever fewer probes (session 12, H200, batch
+  1: probes every 64 steps were most of the 5% of speculative steps FlexDraft ``auto`` took on MT-Bench, and
+  cost it ~3% of plain decoding's throughput); a probe that measures far from the estimate
+  (``PROBE_SURPRISE``) restarts the back-off;
 
 A step's wall time covers verifying the drafts decided one step earlier plus drafting for the decision made
-now, so only steps whose decision equals the previous one are recorded (steady state of one mode); a mode
-switch costs one unrecorded step.
+now, so only steps whose decision equals the previous one are recorded (steady state of one mode). Switching
+from plain decoding to speculation costs a step: the first speculative step has no drafts to verify yet, so it
+pays a speculative step's time for one token. Speculation is entered only if it pays with that step counted:
+over the expected stretch of speculative steps, one of which emits 1 token instead of m (``entry_factor``); the
+stretch's length is the running mean (EMA ``EMA``, from ``SWITCH_HORIZON``) of the stretches the policy chose
+itself (probes and warm-up left out), within ``STRETCH_BOUNDS``: short while estimates hover around the
+break-even MAL (where entering rarely pays), long when speculation clearly wins. Leaving speculation likewise
+needs plain decoding to win by that margin (leaving now commits to paying for the way back). Without the entry
+cost, requests whose estimates hovered around the break-even MAL flipped between the modes, each return costing
+a draftless step (session 12, H200, batch 1, DFlash on MT-Bench: 17% of steps speculative at MAL 2.09
+against a break-even of 2.1; ``auto`` 0.92x of plain).
 
 The first samples of a (mode, bucket) keep their minimum (one-off costs such as a kernel's first compile
 must not set the estimate), later ones the median of a window (``_Stat``). Near-ties go to plain decoding
@@ -70,7 +83,11 @@ from configs.engine import EngineConfig
 from flexspec.engine.scheduler import SchedulerOutput
 
 WARMUP_SAMPLES = 3  # measurements per (mode, bucket) before the policy trusts it
-REEXPLORE_EVERY = 64  # decisions per bucket between re-measurements of the runner-up
+REEXPLORE_EVERY = 64  # decisions per bucket before the first re-measurement of the runner-up
+REEXPLORE_MAX = 1024  # the interval doubles after each re-measurement, up to this many decisions
+PROBE_SURPRISE = 0.2  # a probe's time this far from the estimate restarts the bucket's probe back-off
+SWITCH_HORIZON = 8  # initial expected speculative stretch (steps) over which entering speculation must pay
+STRETCH_BOUNDS = (4.0, 64.0)  # the running stretch's range: from 4 steps, a drafter at MAL 3 still enters
 PROBE_STEPS = 2  # consecutive steps of a re-measurement (the first is a switch step, not recorded)
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
@@ -82,6 +99,14 @@ SPEC_MARGIN = 1.05  # speculation is chosen over plain decoding only if its expe
 PRIOR_WINDOW = 256  # verifications (all requests) behind the prior MAL: ~3 GSM8K requests at batch 1
 STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a request's own MAL estimate
 STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
+
+
+def entry_factor(tokens_per_step: float, horizon: float = SWITCH_HORIZON) -> float:
+    """Share of a speculative mode's steady-state rate left when it is entered from plain decoding: over
+    ``horizon`` (H >= 1) steps at ``tokens_per_step`` (m) tokens each, the first emits 1 (no drafts to verify
+    yet): (H m - (m - 1)) / (H m)."""
+    m = max(tokens_per_step, 1.0)
+    return 1.0 - (m - 1.0) / (max(horizon, 1.0) * m)
 
 
 def batch_bucket(num_seqs: int) -> int:
@@ -124,6 +149,13 @@ class SpeculationPolicy:
     acceptance: list[float] = field(default_factory=list)  # per-position acceptance (EMA over steps)
     last_modes: list[str] = field(default_factory=list)  # the last two decisions (steady-state attribution)
     probe: tuple[str, int] | None = None  # (mode, decisions left) of a running re-measurement
+    spec_stretch: float = SWITCH_HORIZON  # EMA of the speculative stretches chosen (steps; entry_factor's H)
+    spec_run: int = 0  # speculative decisions in a row so far (the stretch being chosen)
+    # bucket -> (decision count of its next probe, the interval that set it)
+    probe_due: dict[int, tuple[int, int]] = field(default_factory=dict)
+    probe_estimate: tuple[str, int, float] | None = (
+        None  # (mode, bucket, estimated seconds) of the last probe
+    )
     forced: str | None = None  # warm-up profile: every decision is this mode, step times are collected raw
     profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
     prior_tokens_per_step: float | None = None  # G: mean accepted + 1 over ~PRIOR_WINDOW verifications
@@ -157,6 +189,13 @@ class SpeculationPolicy:
         spec_tokens = self._batch_tokens_per_step(sched)
         rates = {m: self.expected_rate(m, bucket, spec_tokens) for m in self.options}
         rates["plain"] *= SPEC_MARGIN  # near-ties go to plain decoding (see SPEC_MARGIN)
+        if self.last_modes:  # a round trip plain -> speculation costs a draftless step (entry_factor)
+            entry = entry_factor(spec_tokens, self.spec_stretch)
+            if self.last_modes[-1] == "plain":
+                for m in self.options[1:]:
+                    rates[m] *= entry
+            else:  # leaving speculation commits to paying for the return
+                rates["plain"] *= entry
         ranked = sorted(self.options, key=rates.__getitem__, reverse=True)
         best = rates[ranked[0]]
         for mode in ranked[1:]:  # plausible options never measured at this batch size
@@ -166,10 +205,27 @@ class SpeculationPolicy:
             mode, left = self.probe
             self.probe = (mode, left - 1)
             return self._decision(mode)
-        if count % REEXPLORE_EVERY == REEXPLORE_EVERY - 1 and rates[ranked[1]] >= PROBE_WITHIN * best:
+        due, interval = self.probe_due.get(bucket, (REEXPLORE_EVERY - 1, REEXPLORE_EVERY))
+        if count >= due and rates[ranked[1]] >= PROBE_WITHIN * best:
+            interval = min(2 * interval, REEXPLORE_MAX)
+            self.probe_due[bucket] = (count + interval, interval)
             self.probe = (ranked[1], PROBE_STEPS - 1)
+            self.probe_estimate = (ranked[1], bucket, self.step_time(ranked[1], bucket) or 0.0)
             return self._decision(ranked[1])
+        self._note_stretch(ranked[0])
         return self._decision(ranked[0])
+
+    def _note_stretch(self, mode: str) -> None:
+        """Stretch lengths of the policy's own choices (``spec_stretch``): a run of speculative decisions
+        ends at the first plain one."""
+        if mode != "plain":
+            self.spec_run += 1
+        elif self.spec_run:
+            lo, hi = STRETCH_BOUNDS
+            self.spec_stretch = min(
+                max(self.spec_stretch + EMA * (self.spec_run - self.spec_stretch), lo), hi
+            )
+            self.spec_run = 0
 
     def _decision(self, mode: str) -> Decision:
         return self._count(Decision(mode, 0 if mode == "plain" else self.spec.num_speculative_tokens))
@@ -267,6 +323,7 @@ class SpeculationPolicy:
                 self.profile.setdefault(key, []).append(seconds)
             else:
                 self.step_times.setdefault(key, _Stat()).add(seconds)
+                self._check_probe(key, seconds)
         if per_position_acceptance:
             n = max(len(self.acceptance), len(per_position_acceptance))
             step = per_position_acceptance + [0.0] * (n - len(per_position_acceptance))  # no draft there: 0
@@ -275,6 +332,17 @@ class SpeculationPolicy:
             else:
                 self.acceptance += [0.0] * (n - len(self.acceptance))
                 self.acceptance = [(1 - EMA) * a + EMA * b for a, b in zip(self.acceptance, step)]
+
+    def _check_probe(self, key: tuple[str, int], seconds: float) -> None:
+        """A probe's step far from the estimate it re-measured (``PROBE_SURPRISE``) makes the estimate stale:
+        that bucket's probes start over at ``REEXPLORE_EVERY`` (the median needs a few samples to move)."""
+        ref = self.probe_estimate
+        if ref is None or ref[:2] != key:
+            return
+        self.probe_estimate = None
+        if abs(seconds - ref[2]) > PROBE_SURPRISE * ref[2]:
+            bucket = key[1]
+            self.probe_due[bucket] = (self.decisions.get(bucket, 0) + REEXPLORE_EVERY, REEXPLORE_EVERY // 2)
 
     def finish_profile(self) -> dict[str, float]:
         """End the warm-up profile: each (mode, bucket) measured there starts from the median of its step
@@ -295,6 +363,8 @@ class SpeculationPolicy:
         self.num_verifications = min(self.num_verifications, PROFILE_PRIOR_WEIGHT)
         self.mode_counts.clear()
         self.decisions.clear()
+        self.probe_due.clear()
+        self.probe_estimate = None
         self.last_modes = []
         return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -12,13 +13,16 @@ from flexspec.spec.policy import (
     EMA,
     PROBE_STEPS,
     REEXPLORE_EVERY,
+    REEXPLORE_MAX,
     REQUEST_PRIOR_WEIGHT,
     SPEC_MARGIN,
     STALE_HALF_LIFE,
     STALE_KEEP,
+    SWITCH_HORIZON,
     WARMUP_SAMPLES,
     Decision,
     SpeculationPolicy,
+    entry_factor,
 )
 
 
@@ -146,6 +150,49 @@ def test_a_pessimistic_estimate_is_probed_again():
     assert "parallel" not in modes  # 50x slower: never probed
 
 
+def test_probes_of_a_runner_up_that_keeps_losing_back_off():
+    """The runner-up's re-measurements come after 64, then 128, 256, ... decisions of the bucket (up to
+    REEXPLORE_MAX); one that measures far from its estimate starts the back-off over."""
+    pol = _policy(execution="auto")
+    times = {"plain": 1.0, "decoupled": 2.5, "parallel": 50.0}
+    _train(
+        pol, 4, times, [0.5, 0.3, 0.1, 0.05]
+    )  # decoupled: 1.95 / 2.5 = 0.78 of plain: probed, never chosen
+    modes = []
+    for _ in range(4000):
+        d = pol.decide(_sched(4))
+        modes.append(d.mode)
+        pol.observe(d.mode, 4, times[d.mode], [0.5, 0.3, 0.1, 0.05] if d.mode != "plain" else None)
+    starts = [i for i, m in enumerate(modes) if m == "decoupled" and (i == 0 or modes[i - 1] != "decoupled")]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert all(modes[i + 1] == "decoupled" for i in starts)  # each probe: PROBE_STEPS steps
+    assert gaps[:3] == [128, 256, 512] and max(gaps) == REEXPLORE_MAX  # (every 64 before: 62 probes)
+    assert len(starts) == 6  # in 4000 decisions
+    times["decoupled"] = 1.2  # conditions changed: the next probe measures 1.2 against an estimate of 2.5
+    for _ in range(1200):
+        d = pol.decide(_sched(4))
+        modes.append(d.mode)
+        pol.observe(d.mode, 4, times[d.mode], [0.5, 0.3, 0.1, 0.05] if d.mode != "plain" else None)
+    assert modes[-100:].count("decoupled") > 90  # re-probed at once after the surprise: the median moved
+
+
+def test_entering_and_leaving_speculation_count_the_draftless_step():
+    """With E[tokens] between the steady-state break-even (2.1 with the margin) and the one that pays for the
+    draftless first speculative step (entry_factor), the policy keeps whichever mode it is in: no flip-flop."""
+    pol = _policy(execution="auto")
+    _train(pol, 1, {"plain": 1.0, "decoupled": 2.0, "parallel": 50.0}, [0.5, 0.3, 0.1, 0.05])
+    pol.prior_tokens_per_step = 2.2  # every request's estimate (none has evidence of its own)
+    steady = 2.0 * SPEC_MARGIN
+    assert steady < 2.2 and 2.2 * entry_factor(2.2, pol.spec_stretch) < steady  # inside the band
+    pol.last_modes = ["plain"]
+    assert pol.decide(_sched(1)).mode == "plain"  # entering would not pay back over the stretch
+    pol.last_modes = ["decoupled"]
+    assert pol.decide(_sched(1)).mode == "decoupled"  # and neither would leaving
+    pol.prior_tokens_per_step = 3.0  # clearly above: entered from plain
+    pol.last_modes = ["plain"]
+    assert pol.decide(_sched(1)).mode == "decoupled"
+
+
 # ---- per-request estimates: shrinkage toward the prior and ageing while plain (issue 6, batch 1) -------------
 def _request():
     from types import SimpleNamespace
@@ -173,7 +220,10 @@ def test_a_request_on_plain_is_speculated_on_again_and_returns_to_plain_while_it
         pol.observe_request(seq, 4, 0)
     prior, own = pol.prior(), seq.spec_tokens_per_step
     assert prior > 2.5 and own < 1.1
-    n = _plain_steps_to_break_even(prior, own, 1.5 * SPEC_MARGIN, 20)  # plain wins near-ties
+    # plain wins near-ties, and entering speculation must pay for its draftless first step (m e(m) = b):
+    break_even = (SWITCH_HORIZON * 1.5 * SPEC_MARGIN - 1) / (SWITCH_HORIZON - 1)
+    assert break_even * entry_factor(break_even) == pytest.approx(1.5 * SPEC_MARGIN)
+    n = _plain_steps_to_break_even(prior, own, break_even, 20)
     assert (
         1 <= n <= STALE_HALF_LIFE
     )  # r ~ 1, G ~ 2.7, c = 20 / 28: the own estimate must lose a little weight
@@ -190,7 +240,8 @@ def test_a_request_on_plain_is_speculated_on_again_and_returns_to_plain_while_it
         modes.append(pol.decide(batch).mode)
         pol.observe_request(seq, 4 if modes[-1] == "decoupled" else 0, 0)
     seen = "".join(m[0] for m in modes)
-    assert max(len(r) for r in seen.split("d") if r) <= STALE_HALF_LIFE  # G drops with each failure: n grows
+    # G drops with each failure, so n grows, but the request is tried again within two half-lives of the decay
+    assert max(len(r) for r in seen.split("d") if r) <= 2 * STALE_HALF_LIFE
     assert seen.count("dd") <= 200 // REEXPLORE_EVERY + 1  # a failed verification is followed by plain steps
     assert seen.count("d") <= 200 / n + 2 * 200 / REEXPLORE_EVERY
 
