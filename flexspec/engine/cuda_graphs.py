@@ -214,11 +214,11 @@ class DecodeGraphs:
             self.logits[bs], self.captured[bs] = logits, captured
 
     def can_run(self, inp: ModelInput) -> bool:
-        return (
+        return (  # cheap checks first: the runner tries its graphs in turn on every step
             len(inp.query_lens) <= self.max_bs
+            and tuple(inp.capture_layers) == self.capture_layers
             and (inp.prev_token_rows is None or self.q == 1)
             and all(1 <= q <= self.q for q in inp.query_lens)
-            and tuple(inp.capture_layers) == self.capture_layers
             and all(len(b) <= self.max_blocks for b in inp.block_tables)
         )
 
@@ -245,7 +245,7 @@ class DecodeGraphs:
         else:
             logits = self.logits[bs][self.stage.on_device("logits_rows")[: len(inp.logits_indices)]]
         captured: list[torch.Tensor] = []
-        if self.capture_layers:
+        if self.capture_layers and inp.keep_captured:
             if self.q == 1:
                 captured = [c[:S].clone() for c in self.captured[bs]]
             else:
@@ -470,4 +470,4 @@ class MixedGraphs:
         else:
             self._step(n)
         rows = self.hidden[self.stage.on_device("logits_rows")[:N]]
-        return rows, [c[:T].clone() for c in self.captured]
+        return rows, [c[:T].clone() for c in self.captured] if inp.keep_captured else []

@@ -25,6 +25,9 @@ class ModelInput:
     )  # [N] (T, p, k, seed, off)
     num_logprobs: int | None = None  # max top-logprobs over rows; None = no logprobs
     capture_layers: tuple[int, ...] = ()  # target layers whose outputs the drafter needs
+    # False: the captured layers are run for their side effect only (DFlash's feature cache, written inside the
+    # forward) and the graphs skip copying them out of their static buffers.
+    keep_captured: bool = True
     # Async scheduling: [T] row of the previous launched step's sampled token ids that is each token's input id
     # (gathered on the device; ``input_ids`` holds placeholders then). None = the ids are ``input_ids``.
     prev_token_rows: list[int] | None = None

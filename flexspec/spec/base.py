@@ -77,6 +77,12 @@ class Drafter(ABC):
         """Target layers whose outputs (hidden states [T, H]) this drafter reads; () = none."""
         return ()
 
+    @property
+    def reads_plain_step_captured(self) -> bool:
+        """Whether ``observe_plain_step`` reads its ``captured`` tensors (False: they are requested for the
+        forward's side effects only, and CUDA graphs need not copy them out)."""
+        return True
+
     def memory_bytes(self) -> int:
         """Device memory the drafter holds (weights + caches), counted against the KV-cache budget."""
         return 0

@@ -105,6 +105,10 @@ class DFlashDrafter(Drafter):
     def capture_layers(self) -> tuple[int, ...]:
         return self._capture
 
+    @property
+    def reads_plain_step_captured(self) -> bool:
+        return not self.defer_context  # deferred: the forward writes the feature cache itself
+
     def memory_bytes(self) -> int:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return weights + self.cache.reserved_bytes()
@@ -167,7 +171,6 @@ class DFlashDrafter(Drafter):
         self._write_context(rows, positions, slots, captured, self._flush_if_large(held, captured))
         return ready
 
-    @torch.inference_mode()
     def observe_plain_step(self, inp, captured: list[torch.Tensor]) -> None:
         """Plain step (see ``Drafter.observe_plain_step``): all of its inputs are committed. With
         ``defer_context`` the target forward has already written their hidden states into the feature cache,
@@ -182,6 +185,11 @@ class DFlashDrafter(Drafter):
                 if first is None or first > ctx:
                     pending[sid] = ctx
             return
+        self._write_plain_context(inp, captured)
+
+    @torch.inference_mode()
+    def _write_plain_context(self, inp, captured: list[torch.Tensor]) -> None:
+        """``observe_plain_step`` without ``defer_context``: the step's context K/V, enqueued now."""
         evictable = set(self.cache.tables) - set(inp.seq_ids)
         rows: list[int] = []
         positions: list[int] = []

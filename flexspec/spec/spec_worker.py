@@ -83,6 +83,7 @@ class SpecDecodeWorker:
         target layers the drafter reads (``observe_plain_step``, after the forward)."""
         if self.drafter.observes_plain_steps:
             inp.capture_layers = self.drafter.capture_layers
+            inp.keep_captured = self.drafter.reads_plain_step_captured
 
     def commit_plain_step(self, inp: ModelInput) -> None:
         """Bookkeeping for a launched plain step, once its forward is enqueued (the device runs meanwhile):
