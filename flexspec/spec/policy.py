@@ -57,11 +57,11 @@ A step's wall time covers verifying the drafts decided one step earlier plus dra
 now, so only steps whose decision equals the previous one are recorded (steady state of one mode). Switching
 from plain decoding to speculation costs a step: the first speculative step has no drafts to verify yet, so it
 pays a speculative step's time for one token. Speculation is entered only if it pays with that step counted:
-over the expected stretch of speculative steps, one of which emits 1 token instead of m (``entry_factor``); the
-stretch's length is the running mean (EMA ``EMA``, from ``SWITCH_HORIZON``) of the stretches the policy chose
-itself (probes and warm-up left out), within ``STRETCH_BOUNDS``: short while estimates hover around the
-break-even MAL (where entering rarely pays), long when speculation clearly wins. Leaving speculation likewise
-needs plain decoding to win by that margin (leaving now commits to paying for the way back). Without the entry
+over ``SWITCH_HORIZON`` speculative steps, one of which emits 1 token instead of m (``entry_factor``). Leaving
+speculation likewise needs plain decoding to win by that margin (leaving now commits to paying for the way
+back). The horizon is fixed: a running mean of the stretches the policy chose (tried in session 13) fed back on
+itself, as requests' short-memory estimates crossing the band made stretches short, short stretches widened the
+band and GSM8K requests at batch 1 (MAL 3.1) spent 80% of their steps on plain decoding. Without the entry
 cost, requests whose estimates hovered around the break-even MAL flipped between the modes, each return costing
 a draftless step (session 12, H200, batch 1, DFlash on MT-Bench: 17% of steps speculative at MAL 2.09
 against a break-even of 2.1; ``auto`` 0.92x of plain).
@@ -86,8 +86,7 @@ WARMUP_SAMPLES = 3  # measurements per (mode, bucket) before the policy trusts i
 REEXPLORE_EVERY = 64  # decisions per bucket before the first re-measurement of the runner-up
 REEXPLORE_MAX = 1024  # the interval doubles after each re-measurement, up to this many decisions
 PROBE_SURPRISE = 0.2  # a probe's time this far from the estimate restarts the bucket's probe back-off
-SWITCH_HORIZON = 8  # initial expected speculative stretch (steps) over which entering speculation must pay
-STRETCH_BOUNDS = (4.0, 64.0)  # the running stretch's range: from 4 steps, a drafter at MAL 3 still enters
+SWITCH_HORIZON = 16  # speculative steps over which entering speculation (one draftless step) must pay
 PROBE_STEPS = 2  # consecutive steps of a re-measurement (the first is a switch step, not recorded)
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
@@ -149,8 +148,6 @@ class SpeculationPolicy:
     acceptance: list[float] = field(default_factory=list)  # per-position acceptance (EMA over steps)
     last_modes: list[str] = field(default_factory=list)  # the last two decisions (steady-state attribution)
     probe: tuple[str, int] | None = None  # (mode, decisions left) of a running re-measurement
-    spec_stretch: float = SWITCH_HORIZON  # EMA of the speculative stretches chosen (steps; entry_factor's H)
-    spec_run: int = 0  # speculative decisions in a row so far (the stretch being chosen)
     # bucket -> (decision count of its next probe, the interval that set it)
     probe_due: dict[int, tuple[int, int]] = field(default_factory=dict)
     probe_estimate: tuple[str, int, float] | None = (
@@ -190,7 +187,7 @@ class SpeculationPolicy:
         rates = {m: self.expected_rate(m, bucket, spec_tokens) for m in self.options}
         rates["plain"] *= SPEC_MARGIN  # near-ties go to plain decoding (see SPEC_MARGIN)
         if self.last_modes:  # a round trip plain -> speculation costs a draftless step (entry_factor)
-            entry = entry_factor(spec_tokens, self.spec_stretch)
+            entry = entry_factor(spec_tokens)
             if self.last_modes[-1] == "plain":
                 for m in self.options[1:]:
                     rates[m] *= entry
@@ -212,20 +209,7 @@ class SpeculationPolicy:
             self.probe = (ranked[1], PROBE_STEPS - 1)
             self.probe_estimate = (ranked[1], bucket, self.step_time(ranked[1], bucket) or 0.0)
             return self._decision(ranked[1])
-        self._note_stretch(ranked[0])
         return self._decision(ranked[0])
-
-    def _note_stretch(self, mode: str) -> None:
-        """Stretch lengths of the policy's own choices (``spec_stretch``): a run of speculative decisions
-        ends at the first plain one."""
-        if mode != "plain":
-            self.spec_run += 1
-        elif self.spec_run:
-            lo, hi = STRETCH_BOUNDS
-            self.spec_stretch = min(
-                max(self.spec_stretch + EMA * (self.spec_run - self.spec_stretch), lo), hi
-            )
-            self.spec_run = 0
 
     def _decision(self, mode: str) -> Decision:
         return self._count(Decision(mode, 0 if mode == "plain" else self.spec.num_speculative_tokens))
