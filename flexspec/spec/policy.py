@@ -100,12 +100,12 @@ STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a
 STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
 
 
-def entry_factor(tokens_per_step: float, horizon: float = SWITCH_HORIZON) -> float:
+def entry_factor(tokens_per_step: float) -> float:
     """Share of a speculative mode's steady-state rate left when it is entered from plain decoding: over
-    ``horizon`` (H >= 1) steps at ``tokens_per_step`` (m) tokens each, the first emits 1 (no drafts to verify
+    ``SWITCH_HORIZON`` (H) steps at ``tokens_per_step`` (m) tokens each, the first emits 1 (no drafts to verify
     yet): (H m - (m - 1)) / (H m)."""
     m = max(tokens_per_step, 1.0)
-    return 1.0 - (m - 1.0) / (max(horizon, 1.0) * m)
+    return 1.0 - (m - 1.0) / (SWITCH_HORIZON * m)
 
 
 def batch_bucket(num_seqs: int) -> int:
@@ -150,9 +150,8 @@ class SpeculationPolicy:
     probe: tuple[str, int] | None = None  # (mode, decisions left) of a running re-measurement
     # bucket -> (decision count of its next probe, the interval that set it)
     probe_due: dict[int, tuple[int, int]] = field(default_factory=dict)
-    probe_estimate: tuple[str, int, float] | None = (
-        None  # (mode, bucket, estimated seconds) of the last probe
-    )
+    # (mode, bucket, estimated seconds) of the running probe, until its first timed step
+    probe_estimate: tuple[str, int, float] | None = None
     forced: str | None = None  # warm-up profile: every decision is this mode, step times are collected raw
     profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
     prior_tokens_per_step: float | None = None  # G: mean accepted + 1 over ~PRIOR_WINDOW verifications
