@@ -21,8 +21,8 @@ are measured online per (mode, batch-size bucket). A request's MAL estimate:
   verifying drafts (a plain step), since a request that is not drafted for gets no new evidence; and
   c = n / (n + ``REQUEST_PRIOR_WEIGHT``) grows with the request's number of verifications n, so a few unlucky
   verifications early on move the estimate little and a long run of failures moves it almost all the way. A
-  request put on plain for a low r is so speculated on again after a few plain steps (r = 1, G = 2.7 after 20
-  failed verifications, break-even MAL 1.5: after 2), and one whose drafts still fail returns to plain after
+  request put on plain for a low r is so speculated on again after a few plain steps (r = 1, G = 2.7 after 60
+  failed verifications, break-even MAL 1.8: after 3), and one whose drafts still fail returns to plain after
   that verification (r itself is kept).
 
 Why: a wrong ``plain`` costs MAL - 1 tokens per step (~1.8 on GSM8K), a wrong speculative step only its extra
@@ -32,7 +32,12 @@ Without the decay a request stuck on plain was re-tested only by the runner-up p
 ``auto`` trailed always-``decoupled`` (issue 6). Without c (c = 1), once plain steps got cheaper (async
 scheduling, session 12: plain 0.77 ms, decoupled 1.73 ms per step at batch 1, break-even MAL 2.25 x
 ``SPEC_MARGIN``), three rejected verifications in a row (EMA 0.2: r 3 -> 2.28) sent a GSM8K request (G ~3) to
-plain: 51% of the batch-1 steps were plain and ``auto`` reached 0.84 of always-``decoupled``.
+plain: 51% of the batch-1 steps were plain and ``auto`` reached 0.84 of always-``decoupled``. With c weighing
+half at 8 verifications (session 13) GSM8K requests still left speculation on noise (H200, batch 1: 54% of the
+steps plain, ``auto`` 0.85 of always-``decoupled``); ``bench.policy_replay`` over the shipped DFlash drafter's
+acceptance traces (GSM8K, MT-Bench, HumanEval, b = 1-64, H200 step times) put the worst point of ``auto``
+against the best fixed mode at 0.955 with (8, ``PRIOR_WINDOW`` 256), 0.966 with (32, 256) and 0.976 with
+(32, 128): a shorter prior window also lets G follow a change of workload (GSM8K -> MT-Bench) sooner.
 
 Step times:
 
@@ -93,9 +98,9 @@ PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at leas
 EMA = 0.2  # weight of the newest sample in acceptance and per-request MAL moving averages
 STAT_WINDOW = 15  # step times per (mode, bucket) whose median is the estimate
 PROFILE_PRIOR_WEIGHT = 8  # verifications the warm-up profile's acceptance counts for in the prior G
-REQUEST_PRIOR_WEIGHT = 8  # verifications of a request at which its own evidence weighs half (the c above)
+REQUEST_PRIOR_WEIGHT = 32  # verifications of a request at which its own evidence weighs half (the c above)
 SPEC_MARGIN = 1.05  # speculation is chosen over plain decoding only if its expected rate is this much higher
-PRIOR_WINDOW = 256  # verifications (all requests) behind the prior MAL: ~3 GSM8K requests at batch 1
+PRIOR_WINDOW = 128  # verifications (all requests) behind the prior MAL: ~3 GSM8K requests at batch 1
 STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a request's own MAL estimate
 STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
 

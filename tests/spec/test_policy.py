@@ -216,17 +216,17 @@ def test_a_request_on_plain_is_speculated_on_again_and_returns_to_plain_while_it
     for _ in range(100):  # the population: 3 tokens per verification
         pol.observe_request(other, 4, 2)
     seq, batch = _request()
-    for _ in range(20):  # this request's drafts were rejected 20 times in a row
+    for _ in range(60):  # this request's drafts were rejected 60 times in a row
         pol.observe_request(seq, 4, 0)
     prior, own = pol.prior(), seq.spec_tokens_per_step
-    assert prior > 2.5 and own < 1.1
+    assert prior > 2.0 and own < 1.1
     # plain wins near-ties, and entering speculation must pay for its draftless first step (m e(m) = b):
     break_even = (SWITCH_HORIZON * 1.5 * SPEC_MARGIN - 1) / (SWITCH_HORIZON - 1)
     assert break_even * entry_factor(break_even) == pytest.approx(1.5 * SPEC_MARGIN)
-    n = _plain_steps_to_break_even(prior, own, break_even, 20)
+    n = _plain_steps_to_break_even(prior, own, break_even, 60)
     assert (
         1 <= n <= STALE_HALF_LIFE
-    )  # r ~ 1, G ~ 2.7, c = 20 / 28: the own estimate must lose a little weight
+    )  # r ~ 1, G ~ 2.2, c = 60 / 92: the own estimate must lose a little weight
     modes = []
     for _ in range(n + 1):
         modes.append(pol.decide(batch).mode)
@@ -278,11 +278,13 @@ def test_a_short_unlucky_streak_early_in_a_request_does_not_send_it_to_plain():
     assert pol.decide(batch).mode == "plain"
 
 
-def test_batch1_gsm8k_auto_returns_to_speculation_after_plain_steps():
+def test_batch1_gsm8k_auto_stays_on_speculation_and_returns_soon_after_plain_steps():
     """Real engine and shipped DFlash drafter on a GSM8K prompt at batch 1. Step times come from a fixed cost
     model (decoupled = 2 plain steps: break-even MAL 2.1 with the margin, so the shipped drafter has requests on
     both sides), so the decisions depend on acceptance only, not on CPU timing.
-    Before the estimate aged while plain, a request stayed on plain until the runner-up probe (64 decisions)."""
+    Before the estimate aged while plain, a request stayed on plain until the runner-up probe (64 decisions);
+    while a request's own evidence weighed half at 8 verifications, runs of rejections sent this one to plain
+    (session 13 on the H200: 54% of GSM8K's batch-1 steps plain)."""
     from configs import SamplingParams
     from flexspec.datasets import load_prompts
     from tests.spec.conftest import spec_engine
@@ -309,10 +311,11 @@ def test_batch1_gsm8k_auto_returns_to_speculation_after_plain_steps():
     assert len(calls) == eng.stats.num_steps  # one update per emitting step (the prompt fits one step)
     assert pol.prior() > 2.0  # the drafter works: a wrong plain step loses > 1 token
     after_warmup = "".join(m[0] for m in modes[2 * (WARMUP_SAMPLES + 1) :])
-    assert "pd" in after_warmup  # speculated on again after plain steps...
     runs = [len(r) for r in after_warmup.split("d") if r]
-    assert max(runs, default=0) <= STALE_HALF_LIFE + PROBE_STEPS  # ...within the decay's horizon
-    assert after_warmup.count("d") > 0.8 * len(after_warmup)
+    assert (
+        max(runs, default=0) <= STALE_HALF_LIFE + PROBE_STEPS
+    )  # plain stretches end within the decay's horizon
+    assert after_warmup.count("d") > 0.9 * len(after_warmup)
 
 
 def test_steps_without_a_time_update_acceptance_only():

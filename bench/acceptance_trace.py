@@ -1,0 +1,144 @@
+"""Acceptance traces: for every output position of every request, how many drafts the real drafter's block
+would have had accepted had it been verified there (T=0).
+
+    python -m bench.acceptance_trace --speculative-config '{"method": "dflash", "model": "smollm2-135m-instruct-dflash"}' \\
+        --dataset gsm8k,mt_bench,humaneval --num-prompts 32 --max-tokens 128 --output traces.json
+
+The engine decodes with drafts every step (``execution: decoupled``, host verification) but emits only the
+first verified token of each step (the target's own greedy token), so every output position gets verified
+once and the request's output is exactly plain decoding's. The number of drafts that verification accepted
+is recorded as ``accepted[request][L]``: the step emitting output token L would emit ``accepted + 1`` tokens
+starting there (None where it had no drafts: L = 0, the prefill step, and steps whose drafts were cut to the
+request's remaining ``max_tokens``). At T=0 a greedy drafter's
+block at a position depends only on the tokens before it (DFlash: on the target's hidden states of those
+tokens), not on which steps speculated before, so a trace is each request's acceptance at every position
+under any schedule of plain and speculative steps; ``bench.policy_replay`` replays the per-batch policy over it.
+
+Output JSON: ``{"schema": "flexspec.bench.acceptance_trace/1", "env", "config", "num_speculative_tokens",
+"traces": {dataset: [{"prompt_len", "num_output_tokens", "accepted": [int, ...]}]}}`` with
+``len(accepted) == num_output_tokens``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from bench.cli import main_entry
+from bench.common import JsonReport, datasets_arg, environment, log, positive_int, prompt_token_ids
+
+SCHEMA = "flexspec.bench.acceptance_trace/1"
+
+
+def build_parser(prog: str = "python -m bench.acceptance_trace") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--speculative-config", required=True, help="vLLM-style JSON (method, model, ...)")
+    p.add_argument("--dataset", type=datasets_arg, default=["gsm8k", "mt_bench", "humaneval"])
+    p.add_argument("--num-prompts", type=positive_int, default=32)
+    p.add_argument("--max-tokens", type=positive_int, default=128)
+    p.add_argument("--max-prompt-len", type=positive_int, default=1024)
+    p.add_argument("--batch-size", type=positive_int, default=8, help="requests decoded together")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--output", required=True)
+    return p
+
+
+def collect(engine: Any, prompts: list[list[int]], max_tokens: int, batch_size: int) -> list[dict[str, Any]]:
+    """Decode ``prompts`` in batches of ``batch_size`` with every step's emission cut to its first token;
+    returns one trace per prompt (see the module doc)."""
+    from configs import SamplingParams
+    from flexspec.spec import spec_worker
+
+    real_verify = spec_worker.verify
+    current: dict[str, Any] = {}
+    accepted: dict[int, list[int]] = {}
+
+    def first_token_only(logits, meta, num_drafts, drafts, probs=None):
+        emitted = real_verify(logits, meta, num_drafts, drafts, probs)
+        inp = current["inp"]
+        emit_seq_ids = [sid for sid, smp in zip(inp.seq_ids, inp.samples) if smp]
+        for sid, d, e in zip(emit_seq_ids, num_drafts, emitted):
+            accepted.setdefault(sid, []).append(len(e) - 1 if d else None)
+        return [e[:1] for e in emitted]
+
+    worker = engine.executor.runner.spec_worker
+    real_execute = worker.execute
+
+    def execute(inp):
+        current["inp"] = inp
+        return real_execute(inp)
+
+    spec_worker.verify, worker.execute = first_token_only, execute
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    traces: list[dict[str, Any]] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start : start + batch_size]
+            rids = [engine.add_request(p, params) for p in chunk]
+            seq_ids = {rid: engine.seqs[rid].seq_id for rid in rids}
+            final: dict[str, Any] = {}
+            while engine.has_unfinished:
+                for o in engine.step():
+                    if o.finished:
+                        final[o.request_id] = o
+            for p, rid in zip(chunk, rids):
+                acc = accepted.pop(seq_ids[rid], [])
+                n = len(final[rid].token_ids)
+                if len(acc) != n:
+                    raise RuntimeError(f"trace of {len(acc)} steps for {n} output tokens")
+                traces.append({"prompt_len": len(p), "num_output_tokens": n, "accepted": acc})
+    finally:
+        spec_worker.verify, worker.execute = real_verify, real_execute
+    return traces
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m bench.acceptance_trace") -> dict[str, Any]:
+    args = build_parser(prog).parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from configs import EngineConfig
+    from flexspec.engine.llm_engine import LLMEngine
+    from flexspec.models.loader import resolve_model_dir
+
+    spec = {**json.loads(args.speculative_config), "execution": "decoupled", "device_verification": False}
+    model_dir = str(resolve_model_dir(args.model))
+    engine = LLMEngine(
+        EngineConfig(
+            model=model_dir,
+            device=args.device,
+            dtype=args.dtype,
+            max_num_seqs=args.batch_size,
+            speculative_config=spec,
+            async_scheduling=False,
+        )
+    )
+    k = engine.config.speculative_config.num_speculative_tokens
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    report = JsonReport(
+        args.output,
+        {
+            "schema": SCHEMA,
+            "env": environment(),
+            "config": {k_: v for k_, v in vars(args).items() if k_ != "output"},
+            "num_speculative_tokens": k,
+            "traces": {},
+        },
+    )
+    for d in args.dataset:
+        prompts = prompt_token_ids(tokenizer, d, args.num_prompts, args.max_prompt_len)
+        traces = collect(engine, prompts, args.max_tokens, args.batch_size)
+        report.doc["traces"][d] = traces
+        report.save()
+        acc = [a for t in traces for a in t["accepted"] if a is not None]
+        log(
+            f"{d}: {len(traces)} requests, {len(acc)} positions, mean accepted + 1 = {1 + sum(acc) / len(acc):.3f}"
+        )
+    engine.shutdown()
+    return report.doc
+
+
+if __name__ == "__main__":
+    main_entry(main)

@@ -1,0 +1,298 @@
+"""Replay the per-batch execution policy over recorded acceptance traces and measured step times.
+
+    python -m bench.policy_replay --traces traces.json --step-times bench/results/.../spec_bench.json \\
+        --output replay.json
+
+What ``auto`` would have gained against always-plain and always-speculative decoding, without a GPU: each
+request's acceptance at every output position comes from ``bench.acceptance_trace`` (the real drafter, T=0),
+each step's duration from a table measured on the target machine (a ``bench.spec_bench`` JSON: the plain
+system's and the always-``decoupled`` / always-``parallel`` systems' mean decode-step time per batch size,
+and the ``auto`` system's warm-up profile as the policy's starting estimates), times a seeded log-normal noise
+(``--noise``). The real ``SpeculationPolicy`` decides every step; the replay runs the schedule of
+``bench.spec_bench`` (closed loop, ``batch_size`` requests in flight, the same warm-up first, then every
+dataset x batch size on one policy, whose state carries over between points as in one engine).
+
+The replay's model of a step: a request that was drafted for in the previous step verifies its drafts and
+emits ``accepted + 1`` tokens (capped at its remaining ``max_tokens``), otherwise 1; the step costs a
+speculative step if any request verifies or is drafted for, else a plain step. Prefill is not modelled (new
+requests start with their first token, without drafts). Use it to compare policy settings on the same
+traces; the H200's spec_bench is what reports throughput.
+
+Output JSON: per (dataset, batch size) the tokens/s of plain, of each always-speculative mode and of auto,
+auto's ratios, and the share of auto's steps per mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.cli import main_entry
+from bench.common import JsonReport, cycle_to, environment, int_list, log, positive_int
+
+SCHEMA = "flexspec.bench.policy_replay/1"
+
+
+@dataclass
+class _Seq:
+    """The per-request fields ``SpeculationPolicy`` reads and writes (as on ``engine.sequence.Sequence``)."""
+
+    trace: list[int | None]
+    max_tokens: int
+    num_emitted: int = 1  # the first token comes from prefill
+    has_drafts: bool = False
+    spec_tokens_per_step: float | None = None
+    spec_estimate_weight: float = 1.0
+    spec_num_verifications: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return min(self.max_tokens, len(self.trace)) - self.num_emitted
+
+
+@dataclass
+class _Scheduled:
+    seq: _Seq
+
+
+@dataclass
+class _Sched:
+    scheduled: list[_Scheduled]
+    preempted: list = field(default_factory=list)
+
+
+class StepTimes:
+    """Seconds per step of (mode, batch size) measured on the target machine, looked up by batch bucket."""
+
+    def __init__(self, table: dict[str, dict[int, float]], noise: float, rng: random.Random) -> None:
+        self.table, self.noise, self.rng = table, noise, rng
+
+    def modes(self) -> list[str]:
+        return list(self.table)
+
+    def mean(self, mode: str, num_seqs: int) -> float:
+        row = self.table[mode]
+        near = min(row, key=lambda b: (abs(math.log2(b) - math.log2(num_seqs)), -b))
+        return row[near]
+
+    def sample(self, mode: str, num_seqs: int) -> float:
+        return self.mean(mode, num_seqs) * math.exp(self.rng.gauss(0.0, self.noise))
+
+
+def step_times_from_spec_bench(
+    doc: dict[str, Any], method: str, dataset: str | None = None
+) -> tuple[dict, dict]:
+    """(truth table {mode: {batch: seconds}}, warm-up profile {(mode, bucket): seconds}) from a spec_bench JSON:
+    the plain system's and ``method``'s fixed-execution systems' mean decode-step time per batch size (averaged
+    over datasets unless ``dataset``), and ``method``'s first ``auto`` system's ``speculation_profile_ms``.
+
+    Raises:
+        ValueError: no plain system, or no fixed-execution system of ``method``."""
+    sums: dict[str, dict[int, list[float]]] = {}
+    profile: dict[tuple[str, int], float] = {}
+    for r in doc["runs"]:
+        if "step_time" not in r or (dataset and r["dataset"] != dataset):
+            continue
+        cfg = r.get("speculative_config") or {}
+        if r["system"] != "plain" and cfg.get("method") != method:
+            continue
+        mode = "plain" if r["system"] == "plain" else cfg.get("execution")
+        if mode in ("decoupled", "parallel"):
+            pass
+        elif mode != "plain":
+            if not profile and r.get("speculation_profile_ms"):
+                for key, ms in r["speculation_profile_ms"].items():
+                    m, b = key.split("@")
+                    profile[(m, int(b))] = ms / 1e3
+            continue
+        ms = r["step_time"]["decode_steps"]["step_ms"]
+        sums.setdefault(mode, {}).setdefault(r["batch_size"], []).append(ms / 1e3)
+    table = {m: {b: sum(v) / len(v) for b, v in row.items()} for m, row in sums.items()}
+    if "plain" not in table or len(table) < 2:
+        raise ValueError(
+            f"the spec_bench JSON needs a plain system and an always-decoupled or -parallel {method} system"
+        )
+    return table, profile
+
+
+class Replay:
+    """One policy over a series of closed-loop points (see the module doc)."""
+
+    def __init__(self, spec_config: dict, times: StepTimes, k: int) -> None:
+        from configs import EngineConfig
+        from flexspec.spec.policy import SpeculationPolicy
+
+        self.k, self.times = k, times
+        self.policy = SpeculationPolicy(
+            EngineConfig(speculative_config={**spec_config, "num_speculative_tokens": k})
+        )
+        self.policy.options = [m for m in self.policy.options if m in times.modes()]
+
+    def warm_up_profile(self, trace: list[int | None], profile: dict, max_batch_size: int) -> None:
+        """``LLMEngine.profile_speculation``: at every bucket up to ``max_batch_size``, copies of one request
+        (``trace``: the engine uses one fixed prompt) decode a few steps in each mode, forced; the policy keeps
+        their acceptance as its first prior. The step times it starts from are the measured ``profile``'s
+        where given ({(mode, bucket): seconds}), else the replay's own."""
+        from flexspec.spec.policy import WARMUP_SAMPLES
+
+        b = 1
+        while b <= max_batch_size:
+            for mode in self.policy.options:
+                self.policy.forced = mode
+                self.run([trace] * b, 1 + (WARMUP_SAMPLES + 2) * (self.k + 1), b, None)
+            b *= 2
+        for key, t in profile.items():
+            if key[0] in self.policy.options:
+                self.policy.profile[key] = [t] * WARMUP_SAMPLES
+        self.policy.finish_profile()
+
+    def run(self, traces: list[list[int | None]], max_tokens: int, batch_size: int, mode: str | None) -> dict:
+        """Closed loop over ``traces`` with ``batch_size`` in flight; ``mode`` None = the policy decides."""
+        from flexspec.spec.metrics import SpecDecodingMetrics
+
+        pending = deque(traces)
+        running: list[_Seq] = []
+        clock = 0.0
+        tokens = 0
+        counts: dict[str, int] = {}
+        prev = None
+        while pending or running:
+            while pending and len(running) < batch_size:
+                running.append(_Seq(pending.popleft(), max_tokens))
+            n = len(running)
+            if mode is None:
+                decision = self.policy.decide(_Sched([_Scheduled(s) for s in running]))
+                chosen = decision.mode
+            else:
+                chosen = mode
+            counts[chosen] = counts.get(chosen, 0) + 1
+            metrics = SpecDecodingMetrics()
+            verifying = [s.has_drafts for s in running]
+            cost_mode = chosen
+            if chosen == "plain" and any(verifying):
+                cost_mode = prev if prev in self.times.modes() and prev != "plain" else self._spec_mode()
+            seconds = self.times.sample(cost_mode, n)
+            clock += seconds
+            for s, verifies in zip(running, verifying):
+                drafts = min(self.k, max(s.remaining - 1, 0)) if verifies else 0
+                accepted = 0
+                if drafts:
+                    a = s.trace[s.num_emitted]
+                    accepted = min(a if a is not None else 0, drafts)
+                emit = min(accepted + 1, s.remaining)
+                s.num_emitted += emit
+                tokens += emit
+                metrics.observe(drafts, accepted)
+                if mode is None:
+                    self.policy.observe_request(s, drafts, accepted)
+                s.has_drafts = chosen != "plain"
+            if mode is None:
+                self.policy.observe(chosen, n, seconds, metrics.per_position_acceptance, previous=prev)
+            prev = chosen
+            running = [s for s in running if s.remaining > 0]
+        return {"tokens": tokens, "seconds": clock, "tokens_per_s": tokens / clock, "steps": counts}
+
+    def _spec_mode(self) -> str:
+        return next(m for m in self.times.modes() if m != "plain")
+
+
+def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--traces", required=True, help="bench.acceptance_trace JSON")
+    p.add_argument("--step-times", required=True, help="bench.spec_bench JSON measured on the target machine")
+    p.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--num-prompts", type=positive_int, default=32)
+    p.add_argument("--requests-per-batch", type=positive_int, default=16)
+    p.add_argument("--max-tokens", type=positive_int, default=128)
+    p.add_argument("--noise", type=float, default=0.05, help="sigma of the log-normal step-time noise")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a constant of flexspec.spec.policy for this replay (e.g. REQUEST_PRIOR_WEIGHT=32)",
+    )
+    p.add_argument("--output", default=None)
+    return p
+
+
+def apply_overrides(pairs: list[str]) -> dict[str, float]:
+    """Set module constants of ``flexspec.spec.policy`` (``NAME=VALUE``); ``STALE_KEEP`` follows
+    ``STALE_HALF_LIFE``. Raises ValueError for a name the module does not define."""
+    from flexspec.spec import policy
+
+    done = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if not name.isupper() or not hasattr(policy, name):
+            raise ValueError(f"--set {pair!r}: flexspec.spec.policy has no constant {name!r}")
+        old = getattr(policy, name)
+        setattr(policy, name, type(old)(float(value)) if isinstance(old, int) else float(value))
+        done[name] = getattr(policy, name)
+        if name == "STALE_HALF_LIFE":
+            policy.STALE_KEEP = 0.5 ** (1 / policy.STALE_HALF_LIFE)
+    return done
+
+
+def replay(args: argparse.Namespace) -> dict[str, Any]:
+    apply_overrides(args.set)
+    traces_doc = json.loads(Path(args.traces).read_text())
+    bench_doc = json.loads(Path(args.step_times).read_text())
+    spec = json.loads(traces_doc["config"]["speculative_config"])
+    table, profile = step_times_from_spec_bench(bench_doc, spec["method"])
+    rng = random.Random(args.seed)
+    times = StepTimes(table, args.noise, rng)
+    k = traces_doc["num_speculative_tokens"]
+    traces = {d: [t["accepted"] for t in ts] for d, ts in traces_doc["traces"].items()}
+    rep = Replay(spec, times, k)
+    first = next(iter(traces.values()))
+    max_bs = max(args.batch_sizes)
+    rep.warm_up_profile(first[0], profile, max_bs)
+    rep.run(cycle_to(first, max_bs), 64, max_bs, None)  # spec_bench's warm-up
+    for b in args.batch_sizes:
+        rep.run(cycle_to(first, 2 * b), 8, b, None)
+    points = []
+    for d, ts in traces.items():
+        for b in args.batch_sizes:
+            reqs = cycle_to(ts, max(args.num_prompts, args.requests_per_batch * b))
+            point: dict[str, Any] = {"dataset": d, "batch_size": b}
+            for m in times.modes():
+                point[m] = rep.run(reqs, args.max_tokens, b, m)["tokens_per_s"]
+            auto = rep.run(reqs, args.max_tokens, b, None)
+            point["auto"] = auto["tokens_per_s"]
+            point["auto_steps"] = auto["steps"]
+            best = max(point[m] for m in times.modes())
+            point["auto_vs_plain"] = point["auto"] / point["plain"]
+            point["auto_vs_best"] = point["auto"] / best
+            points.append(point)
+    return {
+        "table_ms": {m: {b: t * 1e3 for b, t in row.items()} for m, row in table.items()},
+        "points": points,
+    }
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m bench.policy_replay") -> dict[str, Any]:
+    args = build_parser(prog).parse_args(argv)
+    doc = {"schema": SCHEMA, "env": environment(), "config": vars(args), **replay(args)}
+    if args.output:
+        report = JsonReport(args.output, doc)
+        report.save()
+    for p in doc["points"]:
+        log(
+            f"{p['dataset']:9s} b={p['batch_size']:<3d} auto/plain {p['auto_vs_plain']:.3f}  "
+            f"auto/best {p['auto_vs_best']:.3f}  "
+            + "  ".join(f"{m} {p[m]:.0f}" for m in ("plain", "decoupled", "parallel", "auto") if m in p)
+            + f"  steps {p['auto_steps']}"
+        )
+    return doc
+
+
+if __name__ == "__main__":
+    main_entry(main)

@@ -1,0 +1,105 @@
+"""Acceptance traces (bench.acceptance_trace) and the policy replay over them (bench.policy_replay)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.acceptance_trace import collect
+from bench.policy_replay import apply_overrides
+from bench.policy_replay import main as replay_main
+from configs import SamplingParams
+from tests.spec.conftest import on_worker_outputs, spec_engine
+
+
+def test_trace_predicts_every_verification_of_a_real_decoupled_run(engine):
+    """A trace's entry at output position L is what a verification there accepts, whatever the schedule: a
+    normal decoupled run (several tokens per step) verifies at a subset of positions and must accept exactly
+    the trace's numbers there, and both runs emit plain decoding's tokens."""
+    from tests.conftest import real_prompts
+
+    prompts = real_prompts(engine, n_each=1)[:2]
+    spec = {"method": "dflash", "model": "smollm2-135m-instruct-dflash", "num_speculative_tokens": 6}
+    eng = spec_engine({**spec, "execution": "decoupled", "device_verification": False})
+    traces = collect(eng, prompts, max_tokens=24, batch_size=2)
+    assert [len(t["accepted"]) for t in traces] == [t["num_output_tokens"] for t in traces]
+
+    emitted: dict[int, int] = {}
+    seen: dict[int, list[tuple[int, int]]] = {}
+
+    def record(inp, out):
+        rows = [sid for sid, smp in zip(inp.seq_ids, inp.samples) if smp]
+        for sid, toks in zip(rows, out.token_ids):
+            s = inp.seq_ids.index(sid)
+            if inp.num_draft_tokens[s]:
+                seen.setdefault(sid, []).append((emitted.get(sid, 0), len(toks) - 1))
+            emitted[sid] = emitted.get(sid, 0) + len(toks)
+
+    with on_worker_outputs(eng.executor.runner.spec_worker, record):
+        outs = eng.generate(prompts, SamplingParams(max_tokens=24, temperature=0))
+    plain = engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    verifications = [v for sid in sorted(seen) for v in seen[sid]]
+    assert len(verifications) >= 4 and any(a > 0 for _, a in verifications)
+    for t, sid in zip(traces, sorted(seen)):
+        for pos, accepted in seen[sid]:
+            assert t["accepted"][pos] == accepted, (sid, pos)
+
+
+def _docs(tmp_path, accepted: int, steps_ms: dict[str, float]):
+    traces = {
+        "config": {"speculative_config": json.dumps({"method": "dflash", "model": "unused"})},
+        "num_speculative_tokens": 8,
+        "traces": {"gsm8k": [{"accepted": [None] + [accepted] * 63, "num_output_tokens": 64}] * 4},
+    }
+    runs = []
+    for system, mode in (("plain", None), ("dflash-decoupled", "decoupled"), ("dflash-auto", None)):
+        cfg = None if mode is None and system == "plain" else {"method": "dflash", "execution": mode}
+        for b in (1, 4):
+            run = {"dataset": "gsm8k", "system": system, "batch_size": b, "speculative_config": cfg}
+            run["step_time"] = {
+                "decode_steps": {"step_ms": steps_ms["plain" if system == "plain" else "spec"]}
+            }
+            if system == "dflash-auto":
+                run["speculation_profile_ms"] = {"plain@1": 1.0, "decoupled@1": 2.0, "plain@4": 1.0}
+            runs.append(run)
+    (tmp_path / "t.json").write_text(json.dumps(traces))
+    (tmp_path / "b.json").write_text(json.dumps({"runs": runs}))
+    return [
+        "--traces",
+        str(tmp_path / "t.json"),
+        "--step-times",
+        str(tmp_path / "b.json"),
+        "--batch-sizes",
+        "1,4",
+    ]
+
+
+@pytest.mark.parametrize("accepted", [6, 0])
+def test_replay_follows_what_the_drafts_are_worth(tmp_path, accepted):
+    """7 tokens per 2 ms against 1 per 1 ms: auto speculates and gains ~3x; drafts that are never accepted:
+    auto stays on plain decoding and gives up at most a few percent to probes."""
+    doc = replay_main(_docs(tmp_path, accepted, {"plain": 1.0, "spec": 2.0}) + ["--max-tokens", "64"])
+    for p in doc["points"]:
+        if accepted:
+            assert p["auto_vs_plain"] > 2.5 and p["auto_vs_best"] > 0.9
+            assert p["auto_steps"].get("decoupled", 0) > p["auto_steps"].get("plain", 0)
+        else:
+            assert 0.95 < p["auto_vs_plain"] <= 1.0 + 1e-9 and p["decoupled"] < 0.6 * p["plain"]
+
+
+def test_overrides_name_real_constants():
+    from flexspec.spec import policy
+
+    old = policy.REQUEST_PRIOR_WEIGHT, policy.STALE_HALF_LIFE, policy.STALE_KEEP
+    try:
+        assert apply_overrides(["REQUEST_PRIOR_WEIGHT=32", "STALE_HALF_LIFE=4"]) == {
+            "REQUEST_PRIOR_WEIGHT": 32,
+            "STALE_HALF_LIFE": 4,
+        }
+        assert policy.STALE_KEEP == pytest.approx(0.5**0.25)
+    finally:
+        policy.REQUEST_PRIOR_WEIGHT, policy.STALE_HALF_LIFE, policy.STALE_KEEP = old
+    with pytest.raises(ValueError, match="NO_SUCH"):
+        apply_overrides(["NO_SUCH=1"])
