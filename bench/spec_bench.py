@@ -115,6 +115,13 @@ def build_parser(prog: str = "python -m bench.spec_bench") -> argparse.ArgumentP
     p.add_argument(
         "--time-budget-s", type=float, default=0, help="Skip points starting after this (0 = off)."
     )
+    p.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="Engine mode: > 1 keeps every system's engine and runs each point this many rounds, systems "
+        "interleaved, reporting each system's median round (see run_interleaved).",
+    )
     p.add_argument("--output", default=None, help="Results JSON (rewritten after every point).")
     p.add_argument("--plots", default=None, help="Also write PNG plots into this folder.")
     p.add_argument(
@@ -167,23 +174,16 @@ def expand_configs(raw: list[str], sweep: list[int] | None) -> list[dict[str, An
 
 
 # ---- engine-level --------------------------------------------------------------------------------------------
-def run_engine_system(
+def build_engine_system(
     args: argparse.Namespace,
     model_dir: str,
     system: dict[str, Any],
     prompts: dict[str, list[list[int]]],
     report: JsonReport,
-    budget: Budget,
-    plain_tokens: dict[tuple[str, int], list[list[int]]],
-) -> None:
-    """Build one engine (plain or one speculative config) and measure every dataset x batch size."""
-    from bench.engine_load import (
-        StepTimers,
-        release_device_memory,
-        run_closed_loop,
-        spec_metrics_delta,
-        spec_metrics_snapshot,
-    )
+) -> tuple[Any, Any, dict[str, Any]] | None:
+    """Build and warm up one engine (plain or one speculative config). Returns (engine, step timers, the
+    fields every point of it carries), or None after recording why it could not be built."""
+    from bench.engine_load import StepTimers, run_closed_loop
     from configs import EngineConfig, SamplingParams
     from flexspec.engine.llm_engine import LLMEngine
 
@@ -212,7 +212,7 @@ def run_engine_system(
         report.doc["errors"].append({"system": label, "stage": "engine init", "error": short_error(e)})
         report.save()
         log(f"{label}: engine init failed: {short_error(e, 300)}")
-        return
+        return None
     timers = StepTimers(engine)
     n_warm = max_bs if args.warmup is None else args.warmup
     if n_warm:
@@ -229,80 +229,221 @@ def run_engine_system(
         short = SamplingParams(max_tokens=8, temperature=args.temperature, ignore_eos=True, seed=args.seed)
         for b in args.batch_sizes:
             run_closed_loop(engine, timers, cycle_to(first, 2 * b), [short] * (2 * b), b, "warm-up", False)
+    fields = {
+        "system": label,
+        "config_label": system["config_label"],
+        "method": cfg["method"] if cfg else "plain",
+        "num_speculative_tokens": k,
+        "speculative_config": cfg,
+        "engine_init_s": round(init_s, 2),
+        "cuda_graphs": graphs,
+    }
+    return engine, timers, fields
+
+
+def measure_point(
+    args: argparse.Namespace,
+    engine: Any,
+    timers: Any,
+    fields: dict[str, Any],
+    dataset: str,
+    b: int,
+    ds_prompts: list[list[int]],
+) -> dict[str, Any]:
+    """One closed-loop run of ``dataset`` at concurrency ``b`` on a built engine: the point's JSON fields (with
+    the output ``token_ids``, which ``_finish_point`` compares with plain decoding's and drops). Whatever the
+    engine raises propagates (the caller records it)."""
+    from bench.engine_load import run_closed_loop, spec_metrics_delta, spec_metrics_snapshot
+    from configs import SamplingParams
+
+    cfg, k = fields["speculative_config"], fields["num_speculative_tokens"]
+    point = {"mode": "engine", "dataset": dataset, **fields, "batch_size": b}
+    reqs = cycle_to(ds_prompts, max(args.num_prompts, args.requests_per_batch * b))
+    params = [
+        SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            ignore_eos=args.ignore_eos,
+            seed=args.seed + i,
+        )
+        for i in range(len(reqs))
+    ]
+    before = spec_metrics_snapshot(engine)
+    policy = getattr(engine, "policy", None)
+    modes_before = dict(policy.mode_counts) if policy is not None else {}
+    desc = f"{fields['system']} {dataset} b={b}"
+    res = run_closed_loop(engine, timers, reqs, params, b, desc, not args.no_progress)
+    point.update(
+        num_requests=res.num_requests,
+        output_tokens=res.output_tokens,
+        wall_s=round(res.wall_s, 4),
+        output_tokens_per_s=round(res.output_tokens_per_s, 3),
+        spec_decode=spec_metrics_delta(before, spec_metrics_snapshot(engine), k) if cfg else None,
+        step_time=timers.summary(res.steps),
+        latency=res.latency(),
+        token_ids=res.token_ids,
+    )
+    if policy is not None:  # how often the per-batch policy chose each mode during this point
+        point["policy_decisions"] = {
+            m: c - modes_before.get(m, 0) for m, c in policy.mode_counts.items() if c > modes_before.get(m, 0)
+        }
+        # the step times it decided with at the end of this point ("mode@bucket" -> ms), and the
+        # engine's warm-up profile they started from
+        point["policy_step_ms"] = {
+            f"{m}@{b_}": round(st.seconds * 1e3, 4) for (m, b_), st in sorted(policy.step_times.items())
+        }
+        point["speculation_profile_ms"] = getattr(engine, "speculation_profile", {})
+    return point
+
+
+def _finish_point(
+    args: argparse.Namespace, point: dict[str, Any], plain_tokens: dict[tuple[str, int], list[list[int]]]
+) -> dict[str, Any]:
+    """Compare a point's tokens with plain decoding's (T=0) and drop them from the record."""
+    key = (point["dataset"], point["batch_size"])
+    token_ids = point.pop("token_ids")
+    if point["speculative_config"] is None:
+        plain_tokens[key] = token_ids
+    elif key in plain_tokens and args.temperature == 0:
+        ref = plain_tokens[key]
+        point["matches_plain"] = round(sum(x == y for x, y in zip(token_ids, ref)) / len(ref), 4)
+    return point
+
+
+def _log_point(point: dict[str, Any]) -> None:
+    sd = point.get("spec_decode") or {}
+    log(
+        f"{point['system']} {point['dataset']} b={point['batch_size']}: {point['output_tokens_per_s']} tok/s"
+        + (f", MAL {sd.get('mean_acceptance_length')}" if sd else "")
+    )
+
+
+def run_engine_system(
+    args: argparse.Namespace,
+    model_dir: str,
+    system: dict[str, Any],
+    prompts: dict[str, list[list[int]]],
+    report: JsonReport,
+    budget: Budget,
+    plain_tokens: dict[tuple[str, int], list[list[int]]],
+) -> None:
+    """Build one engine (plain or one speculative config) and measure every dataset x batch size."""
+    from bench.engine_load import release_device_memory
+
+    built = build_engine_system(args, model_dir, system, prompts, report)
+    if built is None:
+        return
+    engine, timers, fields = built
     for dataset, ds_prompts in prompts.items():
         for b in args.batch_sizes:
-            point = {
-                "mode": "engine",
-                "dataset": dataset,
-                "system": label,
-                "config_label": system["config_label"],
-                "method": cfg["method"] if cfg else "plain",
-                "num_speculative_tokens": k,
-                "speculative_config": cfg,
-                "batch_size": b,
-                "engine_init_s": round(init_s, 2),
-                "cuda_graphs": graphs,
-            }
             if budget.exhausted():
-                report.doc["runs"].append({**point, "skipped": "time budget exhausted"})
+                report.doc["runs"].append(
+                    {
+                        "mode": "engine",
+                        "dataset": dataset,
+                        **fields,
+                        "batch_size": b,
+                        "skipped": "time budget exhausted",
+                    }
+                )
                 continue
-            reqs = cycle_to(ds_prompts, max(args.num_prompts, args.requests_per_batch * b))
-            params = [
-                SamplingParams(
-                    max_tokens=args.max_tokens,
-                    temperature=args.temperature,
-                    ignore_eos=args.ignore_eos,
-                    seed=args.seed + i,
-                )
-                for i in range(len(reqs))
-            ]
-            before = spec_metrics_snapshot(engine)
-            policy = getattr(engine, "policy", None)
-            modes_before = dict(policy.mode_counts) if policy is not None else {}
             try:
-                res = run_closed_loop(
-                    engine, timers, reqs, params, b, f"{label} {dataset} b={b}", not args.no_progress
-                )
+                point = measure_point(args, engine, timers, fields, dataset, b, ds_prompts)
             except Exception as e:  # noqa: BLE001
-                report.doc["runs"].append({**point, "error": short_error(e)})
+                err = {
+                    "mode": "engine",
+                    "dataset": dataset,
+                    **fields,
+                    "batch_size": b,
+                    "error": short_error(e),
+                }
+                report.doc["runs"].append(err)
                 report.save()
-                log(f"{label} {dataset} b={b} failed: {short_error(e, 300)}")
+                log(f"{fields['system']} {dataset} b={b} failed: {short_error(e, 300)}")
                 break
-            point.update(
-                num_requests=res.num_requests,
-                output_tokens=res.output_tokens,
-                wall_s=round(res.wall_s, 4),
-                output_tokens_per_s=round(res.output_tokens_per_s, 3),
-                spec_decode=spec_metrics_delta(before, spec_metrics_snapshot(engine), k) if cfg else None,
-                step_time=timers.summary(res.steps),
-                latency=res.latency(),
-            )
-            if policy is not None:  # how often the per-batch policy chose each mode during this point
-                point["policy_decisions"] = {
-                    m: c - modes_before.get(m, 0)
-                    for m, c in policy.mode_counts.items()
-                    if c > modes_before.get(m, 0)
-                }
-                # the step times it decided with at the end of this point ("mode@bucket" -> ms), and the
-                # engine's warm-up profile they started from
-                point["policy_step_ms"] = {
-                    f"{m}@{b}": round(st.seconds * 1e3, 4) for (m, b), st in sorted(policy.step_times.items())
-                }
-                point["speculation_profile_ms"] = getattr(engine, "speculation_profile", {})
-            if cfg is None:
-                plain_tokens[(dataset, b)] = res.token_ids
-            elif (dataset, b) in plain_tokens and args.temperature == 0:
-                ref = plain_tokens[(dataset, b)]
-                point["matches_plain"] = round(sum(x == y for x, y in zip(res.token_ids, ref)) / len(ref), 4)
-            report.doc["runs"].append(point)
+            report.doc["runs"].append(_finish_point(args, point, plain_tokens))
             report.save()
-            sd = point["spec_decode"] or {}
-            log(
-                f"{label} {dataset} b={b}: {point['output_tokens_per_s']} tok/s"
-                + (f", MAL {sd.get('mean_acceptance_length')}" if sd else "")
-            )
+            _log_point(point)
     timers.remove()
     del timers, engine
+    release_device_memory()
+
+
+def run_interleaved(
+    args: argparse.Namespace,
+    model_dir: str,
+    systems: list[dict[str, Any]],
+    prompts: dict[str, list[list[int]]],
+    report: JsonReport,
+    budget: Budget,
+) -> None:
+    """``--repeats R``: every system's engine is built first and kept; then each (dataset, batch size) runs
+    R rounds, each round every system once, the order rotated between rounds, and a system's point is its
+    median round by tokens/s (all rounds' tokens/s kept in ``repeats_tokens_per_s``). A slow spell of the host
+    (on the lent H200, seconds long: the plain engine's b=64 steps moved +-20% between points) then falls on
+    every system of a round rather than on one system's point."""
+    from bench.engine_load import release_device_memory
+
+    built = []
+    for system in systems:
+        got = build_engine_system(args, model_dir, system, prompts, report)
+        if got is not None:
+            built.append(got)
+    plain_tokens: dict[tuple[str, int], list[list[int]]] = {}
+    failed: set[str] = set()
+    for dataset, ds_prompts in prompts.items():
+        for b in args.batch_sizes:
+            rounds: dict[str, list[dict[str, Any]]] = {f["system"]: [] for _, _, f in built}
+            for r in range(args.repeats):
+                if budget.exhausted():
+                    break
+                shift = r % len(built)
+                for engine, timers, fields in built[shift:] + built[:shift]:
+                    label = fields["system"]
+                    if label in failed:
+                        continue
+                    try:
+                        rounds[label].append(
+                            measure_point(args, engine, timers, fields, dataset, b, ds_prompts)
+                        )
+                    except Exception as e:  # noqa: BLE001
+                        failed.add(label)
+                        err = {
+                            "mode": "engine",
+                            "dataset": dataset,
+                            **fields,
+                            "batch_size": b,
+                            "error": short_error(e),
+                        }
+                        report.doc["runs"].append(err)
+                        log(f"{label} {dataset} b={b} failed: {short_error(e, 300)}")
+            for _, _, fields in built:  # plain first: the others compare their tokens with its
+                runs = rounds[fields["system"]]
+                if not runs:
+                    if fields["system"] not in failed:
+                        report.doc["runs"].append(
+                            {
+                                "mode": "engine",
+                                "dataset": dataset,
+                                **fields,
+                                "batch_size": b,
+                                "skipped": "time budget exhausted",
+                            }
+                        )
+                    continue
+                ranked = sorted(runs, key=lambda p: p["output_tokens_per_s"])
+                point = dict(ranked[(len(ranked) - 1) // 2])
+                point["repeats_tokens_per_s"] = [p["output_tokens_per_s"] for p in runs]
+                point["repeats_matches_plain"] = []
+                for p in runs:
+                    done = _finish_point(args, dict(p), dict(plain_tokens))
+                    point["repeats_matches_plain"].append(done.get("matches_plain"))
+                report.doc["runs"].append(_finish_point(args, point, plain_tokens))
+                _log_point(point)
+            report.save()
+    for engine, timers, _ in built:
+        timers.remove()
+    del built
     release_device_memory()
 
 
@@ -368,8 +509,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.spec_bench"
         report.doc["config"]["prompt_lens"] = {d: [len(p) for p in ps] for d, ps in prompts.items()}
         plain_tokens: dict[tuple[str, int], list[list[int]]] = {}
         plain = {"label": "plain", "config_label": "plain", "config": None, "num_speculative_tokens": None}
-        for system in [plain, *systems]:
-            run_engine_system(args, model_dir, system, prompts, report, budget, plain_tokens)
+        if args.repeats > 1:
+            run_interleaved(args, model_dir, [plain, *systems], prompts, report, budget)
+        else:
+            for system in [plain, *systems]:
+                run_engine_system(args, model_dir, system, prompts, report, budget, plain_tokens)
         if any(p != "vllm" for p in args.peer):
             run_hf_peers(args, model_dir, systems, prompts, report, budget)
         if "vllm" in args.peer:

@@ -102,6 +102,26 @@ def test_plain_and_ngram_points(smoke):
             assert lat["p50"] > 0 and lat["p99"] >= lat["p50"]
 
 
+def test_repeats_interleave_systems_and_report_the_median_round(tmp_path):
+    """--repeats 3: every point runs 3 rounds of all systems; the point is the median round (by tokens/s), the
+    rounds' tokens/s are kept, and every round of the lossless speculative system matches plain decoding."""
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 2, "execution": "decoupled"})
+    doc = spec_bench.main(
+        ["--dataset", "gsm8k", "--num-prompts", "1", "--batch-sizes", "1", "--max-tokens", "6",
+         "--max-prompt-len", "64", "--max-model-len", "256", "--device", "cpu", "--warmup", "0",
+         "--repeats", "3", "--speculative-config", spec, "--no-progress", "--output", str(tmp_path / "r.json")]
+    )  # fmt: skip
+    runs = {r["system"]: r for r in doc["runs"]}
+    assert set(runs) == {"plain", "ngram-k2"} and not doc["errors"]
+    for r in runs.values():
+        rounds = r["repeats_tokens_per_s"]
+        assert len(rounds) == 3 and r["output_tokens_per_s"] == sorted(rounds)[1]
+    assert runs["ngram-k2"]["repeats_matches_plain"] == [1.0, 1.0, 1.0]
+    assert runs["ngram-k2"]["throughput_ratio"] == pytest.approx(
+        runs["ngram-k2"]["output_tokens_per_s"] / runs["plain"]["output_tokens_per_s"], rel=1e-3
+    )
+
+
 def test_transformers_peer(smoke):
     hf = _runs(smoke, "hf_dynamic")
     assert set(hf) == {1, 2}
