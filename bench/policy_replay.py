@@ -210,6 +210,13 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
     p.add_argument("--num-prompts", type=positive_int, default=32)
     p.add_argument("--requests-per-batch", type=positive_int, default=16)
     p.add_argument("--max-tokens", type=positive_int, default=128)
+    p.add_argument(
+        "--profile-trace",
+        default=None,
+        metavar="DATASET:INDEX",
+        help="the request the warm-up profile decodes (default: the first dataset's first; the engine uses "
+        "one fixed prompt whose drafts may be worse or better than the workload's)",
+    )
     p.add_argument("--noise", type=float, default=0.05, help="sigma of the log-normal step-time noise")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -254,7 +261,14 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     rep = Replay(spec, times, k)
     first = next(iter(traces.values()))
     max_bs = max(args.batch_sizes)
-    rep.warm_up_profile(first[0], profile, max_bs)
+    if args.profile_trace:
+        name, _, index = args.profile_trace.partition(":")
+        if name not in traces:
+            raise ValueError(f"--profile-trace {args.profile_trace!r}: no dataset {name!r} in the traces")
+        dummy = traces[name][int(index or 0)]
+    else:
+        dummy = first[0]
+    rep.warm_up_profile(dummy, profile, max_bs)
     rep.run(cycle_to(first, max_bs), 64, max_bs, None)  # spec_bench's warm-up
     for b in args.batch_sizes:
         rep.run(cycle_to(first, 2 * b), 8, b, None)

@@ -11,6 +11,7 @@ from configs import EngineConfig
 from flexspec.engine.scheduler import SchedulerOutput
 from flexspec.spec.policy import (
     EMA,
+    MIN_PRIOR_VERIFICATIONS,
     PROBE_STEPS,
     REEXPLORE_EVERY,
     REEXPLORE_MAX,
@@ -182,6 +183,7 @@ def test_entering_and_leaving_speculation_count_the_draftless_step():
     pol = _policy(execution="auto")
     _train(pol, 1, {"plain": 1.0, "decoupled": 2.0, "parallel": 50.0}, [0.5, 0.3, 0.1, 0.05])
     pol.prior_tokens_per_step = 2.15  # every request's estimate (none has evidence of its own)
+    pol.num_verifications = MIN_PRIOR_VERIFICATIONS  # G is trusted
     steady = 2.0 * SPEC_MARGIN
     assert steady < 2.15 and 2.15 * entry_factor(2.15) < steady  # inside the band
     pol.last_modes = ["plain"]
@@ -365,3 +367,28 @@ def test_steps_that_prefill_a_prompt_do_not_time_a_mode():
                 eng.add_request(nxt, params)
     assert kinds.count("prefill") >= 4 and len(timed) == len(kinds)  # every step emitted, so was observed
     assert timed == [k == "decode" for k in kinds]
+
+
+def test_a_bad_profile_prompt_does_not_hold_a_good_workload_on_plain():
+    """Session 14 (H200, batch 1): the warm-up profile's dummy prompt drafted badly (MAL 1.44), G started
+    there, plain decoding won, and G learnt one verification per probe: half of GSM8K's batch-1 steps (MAL
+    3.0) were plain. The profile's acceptance is dropped; until MIN_PRIOR_VERIFICATIONS verifications G is
+    optimistic, so the workload's own drafts decide."""
+    pol = _policy(execution="auto")
+    times = {"plain": 1.0, "decoupled": 2.0, "parallel": 50.0}  # break-even MAL 2.1 with the margin
+    dummy, _ = _request()
+    for mode in pol.options:  # the profile: every mode forced, the dummy request's drafts all rejected
+        pol.forced = mode
+        for _ in range(WARMUP_SAMPLES + 2):
+            d = pol.decide(_sched(1))
+            pol.observe(d.mode, 1, times[d.mode], [0.0] * 4 if d.mode != "plain" else None)
+            pol.observe_request(dummy, 0 if d.mode == "plain" else 4, 0)
+    pol.finish_profile()
+    seq, batch = _request()
+    modes = []
+    for _ in range(100):  # the workload: 3 tokens per verification
+        modes.append(pol.decide(batch).mode)
+        pol.observe(modes[-1], 1, times[modes[-1]], [0.9, 0.8, 0.2, 0.1] if modes[-1] != "plain" else None)
+        pol.observe_request(seq, 4 if modes[-1] != "plain" else 0, 2)
+    assert modes[0] == "decoupled" and pol.prior() == pytest.approx(3.0)
+    assert modes.count("plain") <= 100 // REEXPLORE_EVERY * PROBE_STEPS  # only the runner-up's probes

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from configs import SamplingParams
-from flexspec.spec.policy import PROFILE_PRIOR_WEIGHT, WARMUP_SAMPLES
+from flexspec.spec.policy import WARMUP_SAMPLES
 from tests.spec.conftest import spec_engine
 
 
@@ -27,10 +27,9 @@ def test_profile_fills_every_mode_and_bucket_and_leaves_no_trace(plain_128):
     assert not eng.has_unfinished and not eng.seqs and eng.block_manager.usage == 0.0
     assert eng.stats.num_steps == 0 and eng.stats.num_generation_tokens == 0
     assert eng.spec_metrics.num_draft_tokens == 0 and pol.mode_counts == {}
-    # the dummy requests' acceptance stays only as a weak prior: with none, every speculative mode would
-    # expect 1 token per step and lose to plain decoding until a probe
-    assert pol.prior_tokens_per_step is not None and pol.num_verifications <= PROFILE_PRIOR_WEIGHT
-    assert pol.prior() > 1.0  # the drafts of the dummy requests were accepted at times
+    # the dummy requests' acceptance is dropped: serving starts from the optimistic prior (all drafts accepted)
+    assert pol.prior_tokens_per_step is None and pol.num_verifications == 0 and pol.acceptance == []
+    assert pol.prior() == 1 + spec["num_speculative_tokens"]
     assert eng._rng.getstate() == random.Random(eng.config.seed).getstate()
     # no warm-up exploration is needed after the profile: the policy decides from the profiled times
     assert all(pol.samples(m) >= WARMUP_SAMPLES for m in pol.options)
