@@ -14,8 +14,9 @@ dataset x batch size on one policy, whose state carries over between points as i
 
 The replay's model of a step: a request that was drafted for in the previous step verifies its drafts and
 emits ``accepted + 1`` tokens (capped at its remaining ``max_tokens``), otherwise 1; the step costs a
-speculative step if any request verifies or is drafted for, else a plain step. Prefill is not modelled (new
-requests start with their first token, without drafts). Use it to compare policy settings on the same
+speculative step if any request verifies or is drafted for, else a plain step (the plain engine's: the extra
+host work of a speculative engine's plain steps is not modelled, nor step times that drift during a run).
+Prefill is not modelled (new requests start with their first token, without drafts). Use it to compare policy settings on the same
 traces; the H200's spec_bench is what reports throughput.
 
 Output JSON: per (dataset, batch size) the tokens/s of plain, of each always-speculative mode and of auto,
@@ -103,9 +104,7 @@ def step_times_from_spec_bench(
         if r["system"] != "plain" and cfg.get("method") != method:
             continue
         mode = "plain" if r["system"] == "plain" else cfg.get("execution")
-        if mode in ("decoupled", "parallel"):
-            pass
-        elif mode != "plain":
+        if mode not in ("plain", "decoupled", "parallel"):  # an auto system: its warm-up profile only
             if not profile and r.get("speculation_profile_ms"):
                 for key, ms in r["speculation_profile_ms"].items():
                     m, b = key.split("@")
@@ -136,9 +135,9 @@ class Replay:
 
     def warm_up_profile(self, trace: list[int | None], profile: dict, max_batch_size: int) -> None:
         """``LLMEngine.profile_speculation``: at every bucket up to ``max_batch_size``, copies of one request
-        (``trace``: the engine uses one fixed prompt) decode a few steps in each mode, forced; the policy keeps
-        their acceptance as its first prior. The step times it starts from are the measured ``profile``'s
-        where given ({(mode, bucket): seconds}), else the replay's own."""
+        (``trace``: the engine uses one fixed prompt) decode a few steps in each mode, forced, and the policy
+        sees them as in the engine (``finish_profile`` decides what it keeps). The step times it starts from are
+        the measured ``profile``'s where given ({(mode, bucket): seconds}), else the replay's own."""
         from flexspec.spec.policy import WARMUP_SAMPLES
 
         b = 1
