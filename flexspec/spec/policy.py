@@ -259,10 +259,22 @@ class SpeculationPolicy:
         return g + n / (n + REQUEST_PRIOR_WEIGHT) * seq.spec_estimate_weight * (r - g)
 
     def _batch_tokens_per_step(self, sched: SchedulerOutput) -> float:
-        """Mean over the batch of each request's estimated MAL (``request_tokens_per_step``)."""
+        """Mean over the batch of each request's estimated MAL (``request_tokens_per_step``, inlined on the
+        engine's sequences: this runs before every step, for every request of the batch)."""
         g = self.prior()
-        total = sum(self.request_tokens_per_step(getattr(s, "seq", None), g) for s in sched.scheduled)
-        return total / max(len(sched.scheduled), 1)
+        scheduled = sched.scheduled
+        try:
+            own = 0.0
+            for s in scheduled:
+                seq = s.seq
+                r = seq.spec_tokens_per_step
+                if r is not None:
+                    n = seq.spec_num_verifications
+                    own += n / (n + REQUEST_PRIOR_WEIGHT) * seq.spec_estimate_weight * (r - g)
+            return g + own / max(len(scheduled), 1)
+        except AttributeError:  # entries without the engine's per-request fields
+            total = sum(self.request_tokens_per_step(getattr(s, "seq", None), g) for s in scheduled)
+            return total / max(len(scheduled), 1)
 
     def samples(self, mode: str) -> int:
         return sum(st.n for (m, _), st in self.step_times.items() if m == mode)
