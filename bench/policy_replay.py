@@ -247,10 +247,25 @@ def apply_overrides(pairs: list[str]) -> dict[str, float]:
     return done
 
 
+def _load(path: str, schema: str) -> dict[str, Any]:
+    """A result JSON of the given schema family. Raises ValueError (missing, not JSON, another schema)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from None
+    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith(schema):
+        raise ValueError(
+            f"{path} is not a {schema.rstrip('/')} result (its schema: {doc.get('schema') if isinstance(doc, dict) else None!r})"
+        )
+    return doc
+
+
 def replay(args: argparse.Namespace) -> dict[str, Any]:
     apply_overrides(args.set)
-    traces_doc = json.loads(Path(args.traces).read_text())
-    bench_doc = json.loads(Path(args.step_times).read_text())
+    traces_doc, bench_doc = (
+        _load(args.traces, "flexspec.bench.acceptance_trace/"),
+        _load(args.step_times, "flexspec.bench.spec/"),
+    )
     spec = json.loads(traces_doc["config"]["speculative_config"])
     table, profile = step_times_from_spec_bench(bench_doc, spec["method"])
     rng = random.Random(args.seed)
@@ -292,8 +307,12 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench.policy_replay") -> dict[str, Any]:
-    args = build_parser(prog).parse_args(argv)
-    doc = {"schema": SCHEMA, "env": environment(), "config": vars(args), **replay(args)}
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        doc = {"schema": SCHEMA, "env": environment(), "config": vars(args), **replay(args)}
+    except ValueError as e:  # a bad file, --set name or --profile-trace: one line, exit code 2
+        parser.error(str(e))
     if args.output:
         report = JsonReport(args.output, doc)
         report.save()

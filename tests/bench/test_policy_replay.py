@@ -49,6 +49,7 @@ def test_trace_predicts_every_verification_of_a_real_decoupled_run(engine):
 
 def _docs(tmp_path, accepted: int, steps_ms: dict[str, float]):
     traces = {
+        "schema": "flexspec.bench.acceptance_trace/1",
         "config": {"speculative_config": json.dumps({"method": "dflash", "model": "unused"})},
         "num_speculative_tokens": 8,
         "traces": {"gsm8k": [{"accepted": [None] + [accepted] * 63, "num_output_tokens": 64}] * 4},
@@ -65,7 +66,7 @@ def _docs(tmp_path, accepted: int, steps_ms: dict[str, float]):
                 run["speculation_profile_ms"] = {"plain@1": 1.0, "decoupled@1": 2.0, "plain@4": 1.0}
             runs.append(run)
     (tmp_path / "t.json").write_text(json.dumps(traces))
-    (tmp_path / "b.json").write_text(json.dumps({"runs": runs}))
+    (tmp_path / "b.json").write_text(json.dumps({"schema": "flexspec.bench.spec/1", "runs": runs}))
     return [
         "--traces",
         str(tmp_path / "t.json"),
@@ -103,3 +104,25 @@ def test_overrides_name_real_constants():
         policy.REQUEST_PRIOR_WEIGHT, policy.STALE_HALF_LIFE, policy.STALE_KEEP = old
     with pytest.raises(ValueError, match="NO_SUCH"):
         apply_overrides(["NO_SUCH=1"])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (["--traces", "/nonexistent.json"], "cannot read /nonexistent.json"),
+        (["--set", "NOPE=1"], "no constant 'NOPE'"),
+        (["--profile-trace", "humaneval:0"], "no dataset 'humaneval'"),
+        (["swap"], "is not a flexspec.bench.acceptance_trace result"),
+    ],
+)
+def test_bad_input_is_one_usage_error(tmp_path, capsys, change, message):
+    args = _docs(tmp_path, 1, {"plain": 1.0, "spec": 2.0})
+    if change == ["swap"]:  # the step-times JSON given as traces
+        args[1] = args[3]
+    else:
+        args += change
+        if change[0] == "--traces":
+            args = args[2:]
+    with pytest.raises(SystemExit) as exc:
+        replay_main(args)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
