@@ -90,10 +90,16 @@ class SpecDecodeWorker:
         free finished sequences, extend each history with the step's committed inputs (its sampled token is
         the next step's input, added then) and forget pending draft distributions."""
         self._forget(inp.finished_seq_ids)
+        history, probs, ids = self.history, self.pending_probs, inp.input_ids
         r = 0
         for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
-            self._commit(sid, ctx, inp.input_ids[r : r + n])
-            self.pending_probs[sid] = None
+            hist = history.get(sid)
+            if n == 1 and ctx and hist is not None and len(hist) == ctx:  # a decode step: one token appended
+                hist.append(ids[r])
+            else:
+                self._commit(sid, ctx, ids[r : r + n])
+            if probs.get(sid) is not None:  # read with .get: absent = none pending
+                probs[sid] = None
             r += n
 
     def record_sampled(self, inp: ModelInput, tokens: list[int]) -> None:
