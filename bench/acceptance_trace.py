@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.acceptance_
         report.save()
         acc = [a for t in traces for a in t["accepted"] if a is not None]
         log(
-            f"{d}: {len(traces)} requests, {len(acc)} positions, mean accepted + 1 = {1 + sum(acc) / len(acc):.3f}"
+            f"{d}: {len(traces)} requests, {len(acc)} positions with drafts, mean accepted + 1 = "
+            + (f"{1 + sum(acc) / len(acc):.3f}" if acc else "n/a")
         )
     engine.shutdown()
     return report.doc

@@ -240,7 +240,13 @@ def apply_overrides(pairs: list[str]) -> dict[str, float]:
         if not name.isupper() or not hasattr(policy, name):
             raise ValueError(f"--set {pair!r}: flexspec.spec.policy has no constant {name!r}")
         old = getattr(policy, name)
-        setattr(policy, name, type(old)(float(value)) if isinstance(old, int) else float(value))
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"--set {pair!r}: {value!r} is not a number") from None
+        if number <= 0 or (isinstance(old, int) and number != int(number)):
+            raise ValueError(f"--set {pair!r}: {name} takes a positive {type(old).__name__}")
+        setattr(policy, name, type(old)(number))
         done[name] = getattr(policy, name)
         if name == "STALE_HALF_LIFE":
             policy.STALE_KEEP = 0.5 ** (1 / policy.STALE_HALF_LIFE)
@@ -279,7 +285,12 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         name, _, index = args.profile_trace.partition(":")
         if name not in traces:
             raise ValueError(f"--profile-trace {args.profile_trace!r}: no dataset {name!r} in the traces")
-        dummy = traces[name][int(index or 0)]
+        try:
+            dummy = traces[name][int(index or 0)]
+        except (ValueError, IndexError):
+            raise ValueError(
+                f"--profile-trace {args.profile_trace!r}: {name} has requests 0..{len(traces[name]) - 1}"
+            ) from None
     else:
         dummy = first[0]
     rep.warm_up_profile(dummy, profile, max_bs)

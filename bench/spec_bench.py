@@ -157,7 +157,12 @@ def expand_configs(raw: list[str], sweep: list[int] | None) -> list[dict[str, An
             try:
                 parsed = parse_speculative_config(cfg)
             except Exception as e:  # noqa: BLE001 - pydantic names the bad field
-                raise SystemExit(f"invalid speculative config {cfg}: {e}") from None
+                from pydantic import ValidationError
+
+                from flexspec.errors import validation_message
+
+                why = validation_message(e) if isinstance(e, ValidationError) else str(e)
+                raise SystemExit(f"error: invalid speculative config {json.dumps(cfg)}: {why}") from None
             label = f"{base}-k{parsed.num_speculative_tokens}"
             seen[label] = seen.get(label, 0) + 1
             if seen[label] > 1:

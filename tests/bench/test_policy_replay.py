@@ -112,6 +112,9 @@ def test_overrides_name_real_constants():
         (["--traces", "/nonexistent.json"], "cannot read /nonexistent.json"),
         (["--set", "NOPE=1"], "no constant 'NOPE'"),
         (["--profile-trace", "humaneval:0"], "no dataset 'humaneval'"),
+        (["--profile-trace", "gsm8k:99"], "gsm8k has requests 0..3"),
+        (["--set", "REQUEST_PRIOR_WEIGHT=abc"], "'abc' is not a number"),
+        (["--set", "STALE_HALF_LIFE=0"], "STALE_HALF_LIFE takes a positive int"),
         (["swap"], "is not a flexspec.bench.acceptance_trace result"),
     ],
 )

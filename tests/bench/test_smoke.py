@@ -92,8 +92,12 @@ def test_plain_and_ngram_points(smoke):
         assert (
             p["cuda_graphs"]
             == s["cuda_graphs"]
-            == {"decode_graph_query_lens": [], "mixed_graph_num_tokens": None, "skinny_max_rows": 0,
-                "skinny_timing_us": {}}  # CPU: no graphs, no skinny GEMMs (not measured)
+            == {
+                "decode_graph_query_lens": [],
+                "mixed_graph_num_tokens": None,
+                "skinny_max_rows": 0,
+                "skinny_timing_us": {},
+            }  # CPU: no graphs, no skinny GEMMs (not measured)
         )
         split = s["step_time"]["decode_steps"] or s["step_time"]["all_steps"]
         assert split["step_ms"] > 0 and split["draft_ms"] >= 0 and split["verify_ms"] > 0
@@ -143,8 +147,11 @@ def test_expand_configs_sweep_and_labels():
     )
     assert [s["label"] for s in systems] == ["ngram-k1", "ngram-k3", "ng2-k1", "ng2-k3"]
     assert [s["num_speculative_tokens"] for s in systems] == [1, 3, 1, 3]
-    with pytest.raises(SystemExit):
+    with pytest.raises(
+        SystemExit, match=r"^error: invalid speculative config .*num_speculative_tokens: Input"
+    ) as e:
         spec_bench.expand_configs(['{"method": "ngram", "num_speculative_tokens": 0}'], None)
+    assert "\n" not in str(e.value)  # one line, the field named (not pydantic's validator dump)
 
 
 def test_replayed_acceptance_matches_profile():
