@@ -246,6 +246,11 @@ def build_engine_system(
     return engine, timers, fields
 
 
+def _record(fields: dict[str, Any], dataset: str, b: int, **extra: Any) -> dict[str, Any]:
+    """A point's identifying fields (system, dataset, batch size) plus ``extra``."""
+    return {"mode": "engine", "dataset": dataset, **fields, "batch_size": b, **extra}
+
+
 def measure_point(
     args: argparse.Namespace,
     engine: Any,
@@ -262,7 +267,7 @@ def measure_point(
     from configs import SamplingParams
 
     cfg, k = fields["speculative_config"], fields["num_speculative_tokens"]
-    point = {"mode": "engine", "dataset": dataset, **fields, "batch_size": b}
+    point = _record(fields, dataset, b)
     reqs = cycle_to(ds_prompts, max(args.num_prompts, args.requests_per_batch * b))
     params = [
         SamplingParams(
@@ -342,26 +347,12 @@ def run_engine_system(
     for dataset, ds_prompts in prompts.items():
         for b in args.batch_sizes:
             if budget.exhausted():
-                report.doc["runs"].append(
-                    {
-                        "mode": "engine",
-                        "dataset": dataset,
-                        **fields,
-                        "batch_size": b,
-                        "skipped": "time budget exhausted",
-                    }
-                )
+                report.doc["runs"].append(_record(fields, dataset, b, skipped="time budget exhausted"))
                 continue
             try:
                 point = measure_point(args, engine, timers, fields, dataset, b, ds_prompts)
             except Exception as e:  # noqa: BLE001
-                err = {
-                    "mode": "engine",
-                    "dataset": dataset,
-                    **fields,
-                    "batch_size": b,
-                    "error": short_error(e),
-                }
+                err = _record(fields, dataset, b, error=short_error(e))
                 report.doc["runs"].append(err)
                 report.save()
                 log(f"{fields['system']} {dataset} b={b} failed: {short_error(e, 300)}")
@@ -413,13 +404,7 @@ def run_interleaved(
                         )
                     except Exception as e:  # noqa: BLE001
                         failed.add(label)
-                        err = {
-                            "mode": "engine",
-                            "dataset": dataset,
-                            **fields,
-                            "batch_size": b,
-                            "error": short_error(e),
-                        }
+                        err = _record(fields, dataset, b, error=short_error(e))
                         report.doc["runs"].append(err)
                         log(f"{label} {dataset} b={b} failed: {short_error(e, 300)}")
             for _, _, fields in built:  # plain first: the others compare their tokens with its
@@ -427,13 +412,7 @@ def run_interleaved(
                 if not runs:
                     if fields["system"] not in failed:
                         report.doc["runs"].append(
-                            {
-                                "mode": "engine",
-                                "dataset": dataset,
-                                **fields,
-                                "batch_size": b,
-                                "skipped": "time budget exhausted",
-                            }
+                            _record(fields, dataset, b, skipped="time budget exhausted")
                         )
                     continue
                 ranked = sorted(runs, key=lambda p: p["output_tokens_per_s"])
