@@ -21,7 +21,7 @@ from flexspec.engine.sequence import Sequence, TokenLogprob
 from flexspec.errors import ContextLengthExceededError, InvalidRequestError
 from flexspec.models.spec import ModelSpec
 from flexspec.spec.metrics import SpecDecodingMetrics
-from flexspec.spec.policy import Decision, SpeculationPolicy
+from flexspec.spec.policy import STALE_KEEP, Decision, SpeculationPolicy
 
 
 @dataclass
@@ -384,6 +384,7 @@ class LLMEngine:
         sched, inp = st.sched, st.inp
         self.last_mode = inp.spec_mode if self.policy is not None else "plain"  # of the step returned now
         step_metrics = SpecDecodingMetrics()
+        policy = self.policy
         appended: list[_Appended] = []
         i = 0
         # inp.samples: as scheduled. Never recompute it from the sequence here: an abort while the step was in
@@ -404,9 +405,12 @@ class LLMEngine:
             accepted = len(tokens) - 1
             if accepted > s.num_draft_tokens:
                 raise RuntimeError(f"executor emitted {len(tokens)} tokens for {s.num_draft_tokens} drafts")
-            step_metrics.observe(s.num_draft_tokens, accepted)
-            if self.policy is not None:
-                self.policy.observe_request(seq, s.num_draft_tokens, accepted)
+            if s.num_draft_tokens:
+                step_metrics.observe(s.num_draft_tokens, accepted)
+                if policy is not None:
+                    policy.observe_request(seq, s.num_draft_tokens, accepted)
+            elif policy is not None:  # observe_request of a plain step, inlined (b calls per plain step)
+                seq.spec_estimate_weight *= STALE_KEEP
             if st.provisional and seq.seq_id not in st.held_out:
                 seq.token_ids.pop()  # the placeholder (computed tokens were advanced by _schedule_ahead)
             else:

@@ -57,7 +57,8 @@ class SpecDecodeWorker:
         self.device_verification: bool = getattr(config, "device_verification", True)
         self._readback: torch.Tensor | None = None  # pinned host buffer of a launched step's result
         self.history: dict[int, list[int]] = {}  # seq id -> committed token ids
-        self.pending_probs: dict[int, torch.Tensor | None] = {}  # seq id -> q of its pending drafts
+        # seq id -> q [k, V] of its pending drafts, only for drafts sampled from a distribution (absent: none)
+        self.pending_probs: dict[int, torch.Tensor] = {}
 
     def _forget(self, seq_ids: list[int]) -> None:
         for sid in seq_ids:
@@ -90,7 +91,7 @@ class SpecDecodeWorker:
         free finished sequences, extend each history with the step's committed inputs (its sampled token is
         the next step's input, added then) and forget pending draft distributions."""
         self._forget(inp.finished_seq_ids)
-        history, probs, ids = self.history, self.pending_probs, inp.input_ids
+        history, ids = self.history, inp.input_ids
         r = 0
         for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
             hist = history.get(sid)
@@ -98,9 +99,10 @@ class SpecDecodeWorker:
                 hist.append(ids[r])
             else:
                 self._commit(sid, ctx, ids[r : r + n])
-            if probs.get(sid) is not None:  # read with .get: absent = none pending
-                probs[sid] = None
             r += n
+        if self.pending_probs:  # only sampled drafts leave distributions (usually none at all)
+            for sid in inp.seq_ids:
+                self.pending_probs.pop(sid, None)
 
     def record_sampled(self, inp: ModelInput, tokens: list[int]) -> None:
         """A launched plain step's sampled ids, once read back (``tokens`` [N], one per emitting sequence):
@@ -159,7 +161,11 @@ class SpecDecodeWorker:
         else:
             proposal = self.drafter.propose(batch, captured)
         for s in emit_idx:
-            self.pending_probs[inp.seq_ids[s]] = proposal.draft_probs[s] if proposal.draft_probs else None
+            q = proposal.draft_probs[s] if proposal.draft_probs else None
+            if q is None:
+                self.pending_probs.pop(inp.seq_ids[s], None)
+            else:
+                self.pending_probs[inp.seq_ids[s]] = q
         if out is not None:
             out.draft_token_ids = [list(proposal.token_ids[s]) for s in emit_idx]
         return out
@@ -178,7 +184,7 @@ class SpecDecodeWorker:
             and all(inp.samples)
             and all(q == d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens))
             and len(inp.logits_indices) == inp.num_tokens
-            and not any(self.pending_probs.get(sid) is not None for sid in inp.seq_ids)
+            and not (self.pending_probs and any(sid in self.pending_probs for sid in inp.seq_ids))
         )
 
     def can_launch(self, inp: ModelInput) -> bool:
@@ -249,8 +255,9 @@ class SpecDecodeWorker:
         out.draft_token_ids = [
             row[K + 2 : K + 2 + min(b.num_drafts, k, row[-1])] for b, row in zip(batch, rows)
         ]
-        for sid in inp.seq_ids:
-            self.pending_probs[sid] = None
+        if self.pending_probs:  # deterministic drafts: no distributions pending
+            for sid in inp.seq_ids:
+                self.pending_probs.pop(sid, None)
         return out
 
     def _draft_inputs(self, inp: ModelInput, emitted: list[list[int]]) -> list[SeqDraftInput]:
