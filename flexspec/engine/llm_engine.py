@@ -20,8 +20,9 @@ from flexspec.engine.scheduler import Scheduler, SchedulerOutput
 from flexspec.engine.sequence import Sequence, TokenLogprob
 from flexspec.errors import ContextLengthExceededError, InvalidRequestError
 from flexspec.models.spec import ModelSpec
+from flexspec.spec import policy as policy_module
 from flexspec.spec.metrics import SpecDecodingMetrics
-from flexspec.spec.policy import STALE_KEEP, Decision, SpeculationPolicy
+from flexspec.spec.policy import Decision, SpeculationPolicy
 
 
 @dataclass
@@ -385,6 +386,7 @@ class LLMEngine:
         self.last_mode = inp.spec_mode if self.policy is not None else "plain"  # of the step returned now
         step_metrics = SpecDecodingMetrics()
         policy = self.policy
+        stale_keep = policy_module.STALE_KEEP  # read per step: bench.policy_replay may override it
         appended: list[_Appended] = []
         i = 0
         # inp.samples: as scheduled. Never recompute it from the sequence here: an abort while the step was in
@@ -410,7 +412,7 @@ class LLMEngine:
                 if policy is not None:
                     policy.observe_request(seq, s.num_draft_tokens, accepted)
             elif policy is not None:  # observe_request of a plain step, inlined (b calls per plain step)
-                seq.spec_estimate_weight *= STALE_KEEP
+                seq.spec_estimate_weight *= stale_keep
             if st.provisional and seq.seq_id not in st.held_out:
                 seq.token_ids.pop()  # the placeholder (computed tokens were advanced by _schedule_ahead)
             else:

@@ -1,0 +1,108 @@
+"""Per-step decision log of the speculation policy (``execution: auto``) on real prompts, to see why it picks
+plain decoding where a fixed speculative mode is faster (issue 6).
+
+Usage:
+    python scripts/policy_log.py --dataset gsm8k --num-prompts 16 --batch-size 1 --max-tokens 128 --out log.json
+
+Builds one engine (default: the shipped DFlash drafter, warm-up profile as configured), generates the prompts
+with ``--batch-size`` running at most, and records for every decision: the mode chosen, the batch size, the
+prior G, the batch's MAL estimate, each option's expected rate (tokens/s per sequence, before margins and entry
+costs) and, for each scheduled request, its running MAL r, verifications n and evidence weight w. Writes the log
+and a summary (share of plain steps, lengths of plain stretches, mean estimate at plain vs speculative
+decisions).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import typer
+
+from configs import EngineConfig, SamplingParams
+from flexspec.datasets import load_prompts
+from flexspec.engine.llm_engine import LLMEngine
+from flexspec.spec.policy import batch_bucket
+
+
+def main(
+    model: str = typer.Option("smollm2-135m-instruct"),
+    speculative_config: str = typer.Option(
+        '{"method": "dflash", "model": "smollm2-135m-instruct-dflash"}', help="JSON"
+    ),
+    dataset: str = typer.Option("gsm8k"),
+    num_prompts: int = typer.Option(16),
+    batch_size: int = typer.Option(1),
+    max_tokens: int = typer.Option(128),
+    out: str = typer.Option("policy_log.json"),
+) -> None:
+    engine = LLMEngine(
+        EngineConfig(
+            model=model,
+            max_model_len=2048,
+            max_num_seqs=batch_size,
+            speculative_config=json.loads(speculative_config),
+        )
+    )
+    policy = engine.policy
+    if policy is None or policy.spec.execution != "auto":
+        raise typer.BadParameter("needs a speculative config with execution 'auto'")
+    log: list[dict] = []
+    decide = policy.decide
+
+    def logged(sched):
+        d = decide(sched)
+        bucket = batch_bucket(len(sched.scheduled))
+        est = policy._batch_tokens_per_step(sched)
+        log.append(
+            {
+                "mode": d.mode,
+                "batch": len(sched.scheduled),
+                "prior": round(policy.prior(), 3),
+                "estimate": round(est, 3),
+                "rates": {m: round(policy.expected_rate(m, bucket, est), 2) for m in policy.options},
+                "requests": [
+                    [
+                        s.seq.spec_tokens_per_step,
+                        s.seq.spec_num_verifications,
+                        round(s.seq.spec_estimate_weight, 3),
+                    ]
+                    for s in sched.scheduled
+                ],
+            }
+        )
+        return d
+
+    policy.decide = logged
+    prompts = [
+        engine.apply_chat_template([{"role": "user", "content": p["prompt"]}])
+        for p in load_prompts(dataset, limit=num_prompts)
+    ]
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    wall = time.perf_counter() - t0
+    modes = "".join({"plain": "p", "decoupled": "d", "parallel": "q"}[e["mode"]] for e in log)
+    plain_runs = [len(r) for r in modes.replace("d", " ").replace("q", " ").split() if r]
+    mean = lambda xs: round(statistics.fmean(xs), 3) if xs else None
+    summary = {
+        "decisions": len(log),
+        "plain_share": round(modes.count("p") / max(len(modes), 1), 3),
+        "plain_stretches": len(plain_runs),
+        "plain_stretch_mean": mean(plain_runs),
+        "estimate_at_plain": mean([e["estimate"] for e in log if e["mode"] == "plain"]),
+        "estimate_at_spec": mean([e["estimate"] for e in log if e["mode"] != "plain"]),
+        "output_tokens": sum(len(o.token_ids) for o in outs),
+        "tokens_per_s": round(sum(len(o.token_ids) for o in outs) / wall, 1),
+        "mal": round(engine.spec_metrics.mean_acceptance_length, 3),
+        "step_times_ms": {f"{m}@{b}": round(st.seconds * 1e3, 4) for (m, b), st in policy.step_times.items()},
+        "speculation_profile_ms": engine.speculation_profile,
+        "modes": modes,
+    }
+    with open(out, "w") as f:
+        json.dump({"summary": summary, "log": log}, f)
+    print(json.dumps({k: v for k, v in summary.items() if k != "modes"}))
+
+
+if __name__ == "__main__":
+    typer.run(main)
