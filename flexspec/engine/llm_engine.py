@@ -20,7 +20,6 @@ from flexspec.engine.scheduler import Scheduler, SchedulerOutput
 from flexspec.engine.sequence import Sequence, TokenLogprob
 from flexspec.errors import ContextLengthExceededError, InvalidRequestError
 from flexspec.models.spec import ModelSpec
-from flexspec.spec import policy as policy_module
 from flexspec.spec.metrics import SpecDecodingMetrics
 from flexspec.spec.policy import Decision, SpeculationPolicy
 
@@ -385,8 +384,6 @@ class LLMEngine:
         sched, inp = st.sched, st.inp
         self.last_mode = inp.spec_mode if self.policy is not None else "plain"  # of the step returned now
         step_metrics = SpecDecodingMetrics()
-        policy = self.policy
-        stale_keep = policy_module.STALE_KEEP  # read per step: bench.policy_replay may override it
         appended: list[_Appended] = []
         i = 0
         # inp.samples: as scheduled. Never recompute it from the sequence here: an abort while the step was in
@@ -407,12 +404,9 @@ class LLMEngine:
             accepted = len(tokens) - 1
             if accepted > s.num_draft_tokens:
                 raise RuntimeError(f"executor emitted {len(tokens)} tokens for {s.num_draft_tokens} drafts")
-            if s.num_draft_tokens:
-                step_metrics.observe(s.num_draft_tokens, accepted)
-                if policy is not None:
-                    policy.observe_request(seq, s.num_draft_tokens, accepted)
-            elif policy is not None:  # observe_request of a plain step, inlined (b calls per plain step)
-                seq.spec_estimate_weight *= stale_keep
+            step_metrics.observe(s.num_draft_tokens, accepted)
+            if self.policy is not None:
+                self.policy.observe_request(seq, s.num_draft_tokens, accepted)
             if st.provisional and seq.seq_id not in st.held_out:
                 seq.token_ids.pop()  # the placeholder (computed tokens were advanced by _schedule_ahead)
             else:

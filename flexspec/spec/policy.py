@@ -388,7 +388,7 @@ class SpeculationPolicy:
         """Update one request's MAL estimate after a step that emitted tokens for it, having verified
         ``num_draft_tokens`` drafts (0: a plain step, whose only effect is to age the request's own evidence),
         and the prior G after a verification. Called once per emitting step and request, by the engine only
-        (the decision is made there and broadcast to every rank); the engine inlines the plain-step case."""
+        (the decision is made there and broadcast to every rank)."""
         if num_draft_tokens == 0:
             seq.spec_estimate_weight *= STALE_KEEP
             return
