@@ -26,6 +26,11 @@ from flexspec.engine.llm_engine import LLMEngine
 from flexspec.spec.policy import batch_bucket
 
 
+def _finite(rate: float) -> float | None:
+    """A rate for strict JSON: None where the mode has no step time yet (the policy's inf)."""
+    return None if rate == float("inf") else round(rate, 2)
+
+
 def main(
     model: str = typer.Option("smollm2-135m-instruct"),
     speculative_config: str = typer.Option(
@@ -37,6 +42,7 @@ def main(
     max_tokens: int = typer.Option(128),
     out: str = typer.Option("policy_log.json"),
 ) -> None:
+    """Log every decision of the auto speculation policy on real prompts (see the module doc); JSON out."""
     engine = LLMEngine(
         EngineConfig(
             model=model,
@@ -61,13 +67,13 @@ def main(
                 "batch": len(sched.scheduled),
                 "prior": round(policy.prior(), 3),
                 "estimate": round(est, 3),
-                "rates": {m: round(policy.expected_rate(m, bucket, est), 2) for m in policy.options},
-                "requests": [
-                    [
-                        s.seq.spec_tokens_per_step,
-                        s.seq.spec_num_verifications,
-                        round(s.seq.spec_estimate_weight, 3),
-                    ]
+                "rates": {m: _finite(policy.expected_rate(m, bucket, est)) for m in policy.options},
+                "requests": [  # r: running MAL (None before its first verification), n, w
+                    {
+                        "r": s.seq.spec_tokens_per_step,
+                        "n": s.seq.spec_num_verifications,
+                        "w": round(s.seq.spec_estimate_weight, 3),
+                    }
                     for s in sched.scheduled
                 ],
             }
