@@ -24,7 +24,7 @@ case "${1:-}" in
     .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
       -d .stage/bundle/whl pydantic pydantic-core annotated-types typing-inspection gguf accelerate psutil \
-      pyyaml typing-extensions
+      pyyaml typing-extensions typer click rich shellingham markdown-it-py mdurl pygments
     cp "$site"/*.gguf .stage/bundle/ && cp "$site"/__init__.py .stage/bundle/llm_init.py
     for m in dflash flexdraft; do
       mkdir -p .stage/bundle/drafters/$m

@@ -7,7 +7,9 @@ Usage:
 Builds one engine (default: the shipped DFlash drafter, warm-up profile as configured), generates the prompts
 with ``--batch-size`` running at most, and records for every decision: the mode chosen, the batch size, the
 prior G, the batch's MAL estimate, each option's expected rate (tokens/s per sequence, before margins and entry
-costs) and, for each scheduled request, its running MAL r, verifications n and evidence weight w. Writes the log
+costs) and, for each scheduled request, its running MAL r, verifications n and evidence weight w; and for every
+step the engine timed: its mode, the decision before it, its wall time and whether the policy recorded it as
+that mode's step time (``steps``). Writes the log
 and a summary (share of plain steps, lengths of plain stretches, mean estimate at plain vs speculative
 decisions).
 """
@@ -81,6 +83,24 @@ def main(
         return d
 
     policy.decide = logged
+    timed: list[dict] = []  # every step the engine reported: its mode, wall time, and whether it was recorded
+    observe = policy.observe
+
+    def observed(mode, num_seqs, seconds, per_position_acceptance, previous=None):
+        if previous is None:  # the policy's own default (SpeculationPolicy.observe)
+            previous = policy.last_modes[0] if len(policy.last_modes) == 2 else mode
+        timed.append(
+            {
+                "mode": mode,
+                "previous": previous,
+                "batch": num_seqs,
+                "ms": None if seconds is None else round(seconds * 1e3, 4),
+                "recorded": seconds is not None and previous == mode,
+            }
+        )
+        observe(mode, num_seqs, seconds, per_position_acceptance, previous=previous)
+
+    policy.observe = observed
     prompts = [
         engine.apply_chat_template([{"role": "user", "content": p["prompt"]}])
         for p in load_prompts(dataset, limit=num_prompts)
@@ -106,7 +126,7 @@ def main(
         "modes": modes,
     }
     with open(out, "w") as f:
-        json.dump({"summary": summary, "log": log}, f)
+        json.dump({"summary": summary, "log": log, "steps": timed}, f)
     print(json.dumps({k: v for k, v in summary.items() if k != "modes"}))
 
 

@@ -32,8 +32,8 @@ def test_presets_exist_and_load():
 def test_default_config_is_cpu_with_speculation():
     args = _args(CONFIGS / "serve.yaml")
     assert args.engine.model == "smollm2-135m-instruct" and args.engine.device == "cpu"
-    assert args.engine.speculative_config is not None and args.engine.speculative_config.method == "flexdraft"
-    assert args.engine.speculative_config.model == "smollm2-135m-instruct-flexdraft"
+    assert args.engine.speculative_config is not None and args.engine.speculative_config.method == "dflash"
+    assert args.engine.speculative_config.model == "smollm2-135m-instruct-dflash"
     opts = llm_deployment_options(args)
     assert "placement_group_bundles" not in opts  # TP=1: the replica is the rank
     assert opts["ray_actor_options"] == {"num_cpus": 2, "num_gpus": 0}
