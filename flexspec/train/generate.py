@@ -68,9 +68,10 @@ def run_generate(cfg: TrainConfig, deadline: Deadline) -> bool:
     plan = plan_prompts(cfg.prompts, cfg.num_prompts, cfg.seed)
     done = {r["id"] for r in read_rows(root)}
     self_path = data_dir(root) / "self_prompts.jsonl"
-    have_self = sum(1 for _ in read_jsonl(self_path))
+    self_rows = list(read_jsonl(self_path))
+    have_self = len(self_rows)
     # Self-prompt ids are known only once they exist: responses still missing for any of them need the engine.
-    self_ids = [r["id"] for r in list(read_jsonl(self_path))[: cfg.self_prompts]]
+    self_ids = [r["id"] for r in self_rows[: cfg.self_prompts]]
     need_engine = cfg.self_prompts > have_self or any(i not in done for i in [p.id for p in plan] + self_ids)
     engine = None
     if need_engine:
