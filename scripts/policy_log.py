@@ -62,7 +62,7 @@ def main(
     def logged(sched):
         d = decide(sched)
         bucket = batch_bucket(len(sched.scheduled))
-        est = policy._batch_tokens_per_step(sched)
+        est = policy.batch_tokens_per_step(sched)
         log.append(
             {
                 "mode": d.mode,
@@ -87,8 +87,7 @@ def main(
     observe = policy.observe
 
     def observed(mode, num_seqs, seconds, per_position_acceptance, previous=None):
-        if previous is None:  # the policy's own default (SpeculationPolicy.observe)
-            previous = policy.last_modes[0] if len(policy.last_modes) == 2 else mode
+        previous = policy.previous_mode(mode, previous)
         timed.append(
             {
                 "mode": mode,

@@ -194,7 +194,7 @@ class SpeculationPolicy:
         for mode in self.options:  # warm-up: measure every option somewhere first
             if self.samples(mode) < WARMUP_SAMPLES:
                 return self._decision(mode)
-        spec_tokens = self._batch_tokens_per_step(sched)
+        spec_tokens = self.batch_tokens_per_step(sched)
         rates = {m: self.expected_rate(m, bucket, spec_tokens) for m in self.options}
         rates["plain"] *= SPEC_MARGIN  # near-ties go to plain decoding (see SPEC_MARGIN)
         if self.last_modes:  # a round trip plain -> speculation costs a draftless step (entry_factor)
@@ -258,7 +258,7 @@ class SpeculationPolicy:
         n = getattr(seq, "spec_num_verifications", 1)
         return g + n / (n + REQUEST_PRIOR_WEIGHT) * seq.spec_estimate_weight * (r - g)
 
-    def _batch_tokens_per_step(self, sched: SchedulerOutput) -> float:
+    def batch_tokens_per_step(self, sched: SchedulerOutput) -> float:
         """Mean over the batch of each request's estimated MAL (``request_tokens_per_step``, inlined on the
         engine's sequences: this runs before every step, for every request of the batch)."""
         g = self.prior()
@@ -315,6 +315,13 @@ class SpeculationPolicy:
         return tokens / max(t, 1e-9)
 
     # ---- feedback -------------------------------------------------------------------------------------------
+    def previous_mode(self, mode: str, previous: str | None = None) -> str:
+        """The decision before the step being observed (``observe``'s ``previous``): as given, else the one
+        before the latest decision (or ``mode`` before two decisions were made)."""
+        if previous is not None:
+            return previous
+        return self.last_modes[0] if len(self.last_modes) == 2 else mode
+
     def observe(
         self,
         mode: str,
@@ -330,9 +337,7 @@ class SpeculationPolicy:
         decision made before this step's; default: the one before the latest decision, which is this step's
         unless the next step was decided already, as with async scheduling; see the module doc); acceptance
         is recorded for every step that verified drafts."""
-        if previous is None:
-            previous = self.last_modes[0] if len(self.last_modes) == 2 else mode
-        if seconds is not None and previous == mode:
+        if seconds is not None and self.previous_mode(mode, previous) == mode:
             key = (mode, batch_bucket(num_seqs))
             if self.forced is not None:
                 self.profile.setdefault(key, []).append(seconds)
