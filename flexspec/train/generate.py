@@ -24,7 +24,7 @@ SELF_PROMPT_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 128}
 # and admits the next prompt as soon as one finishes (continuous batching), so only the call's last batch runs
 # short. With one batch per call every batch waited for its longest response (<= max_new_tokens) while the
 # others had finished: GSM8K-train responses average ~210 of 384 tokens, so about half of the decode slots
-# idled. The deadline is checked between calls and shards are written per call.
+# idled. The deadline is checked between calls and shards are written per call. Self-written prompts likewise.
 CHUNK_BATCHES = 4
 
 
@@ -146,7 +146,7 @@ def _self_prompts(cfg: TrainConfig, engine, plan: list[Prompt], path: Path, dead
         while len(rows) < cfg.self_prompts and attempt < 4 * cfg.self_prompts + 16:
             if deadline.expired():
                 return False
-            n = min(cfg.gen_batch_size, 2 * (cfg.self_prompts - len(rows)))
+            n = min(cfg.gen_batch_size * CHUNK_BATCHES, 2 * (cfg.self_prompts - len(rows)))
             picks = [
                 examples[random.Random(cfg.seed * 7919 + attempt + i).randrange(len(examples))]
                 for i in range(n)
