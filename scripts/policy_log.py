@@ -7,11 +7,10 @@ Usage:
 Builds one engine (default: the shipped DFlash drafter, warm-up profile as configured), generates the prompts
 with ``--batch-size`` running at most, and records for every decision: the mode chosen, the batch size, the
 prior G, the batch's MAL estimate, each option's expected rate (tokens/s per sequence, before margins and entry
-costs) and, for each scheduled request, its running MAL r, verifications n and evidence weight w; and for every
-step the engine timed: its mode, the decision before it, its wall time and whether the policy recorded it as
-that mode's step time (``steps``). Writes the log
-and a summary (share of plain steps, lengths of plain stretches, mean estimate at plain vs speculative
-decisions).
+costs) and estimated step time, and for each scheduled request its running MAL r, verifications n and evidence
+weight w; and for every step the engine timed (``steps``): its mode, the decision before it, its wall time,
+whether the policy recorded it as that mode's step time, and the drafts it accepted. Writes the log and a
+summary (share of plain steps, lengths of plain stretches, mean estimate at plain vs speculative decisions).
 """
 
 from __future__ import annotations
@@ -70,6 +69,7 @@ def main(
                 "prior": round(policy.prior(), 3),
                 "estimate": round(est, 3),
                 "rates": {m: _finite(policy.expected_rate(m, bucket, est)) for m in policy.options},
+                "step_ms": {m: round((policy.step_time(m, bucket) or 0.0) * 1e3, 4) for m in policy.options},
                 "requests": [  # r: running MAL (None before its first verification), n, w
                     {
                         "r": s.seq.spec_tokens_per_step,
@@ -95,6 +95,8 @@ def main(
                 "batch": num_seqs,
                 "ms": None if seconds is None else round(seconds * 1e3, 4),
                 "recorded": seconds is not None and previous == mode,
+                # drafts accepted per sequence (mean over the batch), None for a step that verified none
+                "accepted": round(sum(per_position_acceptance), 3) if per_position_acceptance else None,
             }
         )
         observe(mode, num_seqs, seconds, per_position_acceptance, previous=previous)

@@ -61,6 +61,15 @@ Step times:
   1: probes every 64 steps were most of the 5% of speculative steps FlexDraft ``auto`` took on MT-Bench, and
   cost it ~3% of plain decoding's throughput); a probe that measures far from the estimate
   (``PROBE_SURPRISE``) restarts the back-off;
+* an estimate is stale once its mode went ``STALE_AFTER`` decisions without a new step time; a stale estimate
+  is the lower of its window's median and the median of the last ``LONG_WINDOW`` samples, because speculative
+  step times wander in spells (H200, batch 1, session 16: the decoupled median of the last 15 steps moved
+  between 1.64 and 2.16 ms within a few hundred steps while plain stayed at 0.74-0.83 ms). Leaving speculation
+  in a slow spell froze the slow median: a whole GSM8K request (120 steps) then ran on plain at an estimated
+  MAL of 2.54 against a break-even of 2.67, where the long-run median (~1.72 ms) puts it at 2.33. A mode is tried
+  again after ``STALE_AFTER`` decisions, and the first step time of a stale mode starts a new window, so a
+  return (or a probe) is judged by what it measures now, not outvoted by the old window's 15 slow steps; a
+  mode that still measures slow is left again;
 
 A step's wall time covers verifying the drafts decided one step earlier plus drafting for the decision made
 now, so only steps whose decision equals the previous one are recorded (steady state of one mode). Switching
@@ -101,6 +110,8 @@ PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the be
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
 EMA = 0.2  # weight of the newest sample in acceptance and per-request MAL moving averages
 STAT_WINDOW = 15  # step times per (mode, bucket) whose median is the estimate
+LONG_WINDOW = 256  # step times per (mode, bucket) whose median a stale estimate falls back to
+STALE_AFTER = 32  # decisions without a new step time after which a mode's estimate is stale
 MIN_PRIOR_VERIFICATIONS = (
     8  # real verifications before G is trusted; until then speculation is assumed to pay
 )
@@ -138,11 +149,28 @@ class _Stat:
     n: int = 0
     seconds: float = 0.0
     window: deque = field(default_factory=lambda: deque(maxlen=STAT_WINDOW))
+    history: deque = field(default_factory=lambda: deque(maxlen=LONG_WINDOW))
+    recorded_at: int = 0  # the policy's decision count at the latest sample
+    _long_run: float | None = None  # median of ``history``, computed when first asked after a sample
 
-    def add(self, t: float) -> None:
+    def add(self, t: float, now: int = 0) -> None:
+        """One step time (seconds) at decision count ``now``; the first after ``STALE_AFTER`` decisions without
+        one starts a new window (a run of the mode after a break is measured afresh)."""
+        if now - self.recorded_at > STALE_AFTER:
+            self.window.clear()
         self.window.append(t)
+        self.history.append(t)
         self.n += 1
+        self.recorded_at = now
+        self._long_run = None
         self.seconds = min(self.window) if self.n < WARMUP_SAMPLES else statistics.median(self.window)
+
+    def long_run(self) -> float:
+        """Median of the last ``LONG_WINDOW`` samples (cached: a stale estimate is asked for every decision
+        while no sample arrives)."""
+        if self._long_run is None:
+            self._long_run = statistics.median(self.history)
+        return self._long_run
 
 
 @dataclass
@@ -168,6 +196,7 @@ class SpeculationPolicy:
     profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
     prior_tokens_per_step: float | None = None  # G: mean accepted + 1 over ~PRIOR_WINDOW verifications
     num_verifications: int = 0  # of all requests, for the prior's running mean
+    num_decisions: int = 0  # auto decisions of every bucket: the clock of step-time staleness
 
     def __post_init__(self) -> None:
         spec = self.config.speculative_config
@@ -191,6 +220,7 @@ class SpeculationPolicy:
         bucket = batch_bucket(num_seqs)
         count = self.decisions.get(bucket, 0)
         self.decisions[bucket] = count + 1
+        self.num_decisions += 1
         for mode in self.options:  # warm-up: measure every option somewhere first
             if self.samples(mode) < WARMUP_SAMPLES:
                 return self._decision(mode)
@@ -295,7 +325,10 @@ class SpeculationPolicy:
         near = self._nearest(mode, bucket)
         if near is None:
             return None
-        t = self.step_times[(mode, near)].seconds
+        stat = self.step_times[(mode, near)]
+        t = stat.seconds
+        if self.num_decisions - stat.recorded_at > STALE_AFTER and stat.n >= WARMUP_SAMPLES:
+            t = min(t, stat.long_run())  # a window measured in a slow spell must not lock the mode out
         if (
             near != bucket
             and mode != "plain"
@@ -342,7 +375,7 @@ class SpeculationPolicy:
             if self.forced is not None:
                 self.profile.setdefault(key, []).append(seconds)
             else:
-                self.step_times.setdefault(key, _Stat()).add(seconds)
+                self.step_times.setdefault(key, _Stat()).add(seconds, self.num_decisions)
                 self._check_probe(key, seconds)
         if per_position_acceptance:
             n = max(len(self.acceptance), len(per_position_acceptance))
@@ -382,6 +415,7 @@ class SpeculationPolicy:
             out[f"{mode}@{bucket}"] = round(med * 1e3, 4)
         self.profile.clear()
         self.num_verifications, self.prior_tokens_per_step, self.acceptance = 0, None, []
+        self.num_decisions = 0
         self.mode_counts.clear()
         self.decisions.clear()
         self.probe_due.clear()

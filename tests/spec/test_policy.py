@@ -17,6 +17,7 @@ from flexspec.spec.policy import (
     REEXPLORE_MAX,
     REQUEST_PRIOR_WEIGHT,
     SPEC_MARGIN,
+    STALE_AFTER,
     STALE_HALF_LIFE,
     STALE_KEEP,
     SWITCH_HORIZON,
@@ -175,6 +176,44 @@ def test_probes_of_a_runner_up_that_keeps_losing_back_off():
         modes.append(d.mode)
         pol.observe(d.mode, 4, times[d.mode], [0.5, 0.3, 0.1, 0.05] if d.mode != "plain" else None)
     assert modes[-100:].count("decoupled") > 90  # re-probed at once after the surprise: the median moved
+
+
+def _run(pol, times, acceptance, steps, n=1):
+    modes = []
+    for _ in range(steps):
+        d = pol.decide(_sched(n))
+        modes.append(d.mode)
+        pol.observe(d.mode, n, times[d.mode], acceptance if d.mode != "plain" else None)
+    return modes
+
+
+def test_a_mode_left_in_a_slow_spell_is_tried_again_once_its_estimate_is_stale():
+    """Speculative step times wander in spells (H200, batch 1, session 16): decoupled left during a slow spell
+    kept the spell's median until the runner-up probe (whose two samples did not move a median of 15). Stale
+    after STALE_AFTER decisions, its estimate falls back to the long-run median; the return measures afresh."""
+    pol = _policy(execution="auto")
+    acceptance = [
+        0.6,
+        0.4,
+        0.3,
+        0.2,
+    ]  # E[tokens] = 2.5: 2.5 / 1.5 s beats plain (1.05 / 1.0 s with the margin)
+    times = {"plain": 1.0, "decoupled": 1.5, "parallel": 50.0}
+    _train(pol, 1, times, acceptance)
+    assert _run(pol, times, acceptance, 200)[-150:].count("decoupled") > 140  # plain: probes only
+    times["decoupled"] = 3.0  # a slow spell: 2.5 / 3.0 s loses to plain
+    spell = _run(pol, times, acceptance, 40)
+    assert spell[-10:] == ["plain"] * 10
+    times["decoupled"] = 1.5  # the spell is over
+    after = _run(pol, times, acceptance, 200)
+    back = after.index("decoupled")
+    assert back <= STALE_AFTER + 1  # not after the probe back-off (64 decisions and more)
+    assert after[back:].count("decoupled") > 0.95 * (
+        len(after) - back
+    )  # measured afresh: one fast step does it
+    times["decoupled"] = 3.0  # a spell that lasts: tried again every ~STALE_AFTER decisions, left each time
+    lasting = _run(pol, times, acceptance, 1000)[100:]
+    assert 0 < lasting.count("decoupled") < 4 * len(lasting) / STALE_AFTER
 
 
 def test_entering_and_leaving_speculation_count_the_draftless_step():
