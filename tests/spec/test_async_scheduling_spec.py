@@ -15,13 +15,16 @@ from tests.spec.conftest import spec_engine
 
 def _run(eng, prompts, ahead: bool, plain_steps: int):
     """Fixed decisions (``plain_steps`` plain steps, then one that drafts) so both runs decide alike; returns
-    (token ids, drafts, accepted, steps launched from the previous step's ids)."""
+    (token ids, drafts, accepted, steps launched from the previous step's ids, decisions made)."""
     eng.config.async_scheduling = ahead
     n = {"decisions": 0, "ahead": 0}
+    modes: list[str] = []
 
     def decide(sched):
         n["decisions"] += 1
-        return Decision("decoupled", 4) if n["decisions"] % (plain_steps + 1) == 0 else Decision("plain", 0)
+        d = Decision("decoupled", 4) if n["decisions"] % (plain_steps + 1) == 0 else Decision("plain", 0)
+        modes.append(d.mode)
+        return d
 
     launch = eng.executor.launch
 
@@ -51,6 +54,19 @@ def _run(eng, prompts, ahead: bool, plain_steps: int):
         m.num_draft_tokens - drafts0,
         m.num_accepted_tokens - accepted0,
         n["ahead"],
+        modes,
+    )
+
+
+def _launchable_ahead(modes: list[str]) -> int:
+    """Decisions whose step can be launched before the previous step's tokens are read back: plain ones whose
+    previous step was a plain step that verified nothing (its decision plain, and the one before it too, or
+    none: the first step). The step after a decoupled decision verifies its drafts, so the step after that
+    waits for the accepted lengths."""
+    return sum(
+        m == "plain" and modes[i - 1] == "plain" and (i < 2 or modes[i - 2] == "plain")
+        for i, m in enumerate(modes)
+        if i >= 1
     )
 
 
@@ -66,11 +82,13 @@ def test_plain_steps_scheduled_ahead_between_speculative_steps_are_exact(plain_1
     prompts, want = plain_128
     prompts, want = prompts[1::7], [w[:40] for w in want[1::7]]
     eng = spec_engine(spec, max_num_seqs=4)
-    tokens_a, drafts_a, accepted_a, ahead_a = _run(eng, prompts, True, plain_steps=3)
-    tokens_s, drafts_s, accepted_s, ahead_s = _run(eng, prompts, False, plain_steps=3)
+    tokens_a, drafts_a, accepted_a, ahead_a, modes_a = _run(eng, prompts, True, plain_steps=3)
+    tokens_s, drafts_s, accepted_s, ahead_s, _ = _run(eng, prompts, False, plain_steps=3)
     assert tokens_a == tokens_s == want
     assert (drafts_a, accepted_a) == (drafts_s, accepted_s) and accepted_s > 0
-    assert ahead_s == 0 and ahead_a >= 10  # plain steps after plain steps were launched ahead
+    # every plain step after a plain step that verified nothing was launched ahead, and no other (the count
+    # depends on how many steps the drafter's acceptances leave: a fixed bound broke when the drafter improved)
+    assert ahead_s == 0 and ahead_a == _launchable_ahead(modes_a) >= 5
     assert eng.block_manager.usage == 0.0
 
 
