@@ -163,7 +163,7 @@ class OpenAIServing:
         try:
             async for out in gen:
                 job = by_id[out.request_id]
-                job.num_output_tokens = len(out.token_ids)
+                job.num_output_tokens = out.num_output_tokens
                 yield job.index, out
         finally:
             await gen.aclose()  # aborts whatever did not finish (client gone, request cancelled)

@@ -385,6 +385,7 @@ class LLMEngine:
         self.last_mode = inp.spec_mode if self.policy is not None else "plain"  # of the step returned now
         step_metrics = SpecDecodingMetrics()
         appended: list[_Appended] = []
+        unverified: list[Sequence] = []  # emitting requests whose drafts were not verified this step
         i = 0
         # inp.samples: as scheduled. Never recompute it from the sequence here: an abort while the step was in
         # flight resets the sequence (its row must still be consumed, or later rows shift onto other requests).
@@ -406,7 +407,10 @@ class LLMEngine:
                 raise RuntimeError(f"executor emitted {len(tokens)} tokens for {s.num_draft_tokens} drafts")
             step_metrics.observe(s.num_draft_tokens, accepted)
             if self.policy is not None:
-                self.policy.observe_request(seq, s.num_draft_tokens, accepted)
+                if s.num_draft_tokens:
+                    self.policy.observe_request(seq, s.num_draft_tokens, accepted)
+                else:
+                    unverified.append(seq)  # aged in one call below (every row of a plain step)
             if st.provisional and seq.seq_id not in st.held_out:
                 seq.token_ids.pop()  # the placeholder (computed tokens were advanced by _schedule_ahead)
             else:
@@ -422,6 +426,8 @@ class LLMEngine:
                 raise RuntimeError(f"request {seq.request_id} was held out of scheduling but did not finish")
         if i != len(out.token_ids):
             raise RuntimeError(f"step returned {len(out.token_ids)} token rows for {i} sampling sequences")
+        if unverified:
+            self.policy.age_requests(unverified)  # type: ignore[union-attr]
         self.spec_metrics.merge(step_metrics)
         if self.policy is not None and all(inp.samples):
             # Only decode steps time a mode: a step that also prefills a prompt costs what its prompt costs
@@ -511,7 +517,8 @@ class LLMEngine:
         return RequestOutput(
             request_id=seq.request_id,
             prompt_token_ids=seq.prompt_token_ids,
-            token_ids=seq.output_token_ids,
+            # sliced when read: the token list only grows past len(seq) (RequestOutput's docstring)
+            token_source=(seq.token_ids, seq.num_prompt_tokens, len(seq)),
             text=seq.output_text,
             new_token_ids=new_ids,
             new_text=new_text,

@@ -14,7 +14,7 @@ import pytest
 
 from configs import EngineConfig, SamplingParams
 from flexspec.engine.llm_engine import LLMEngine
-from flexspec.engine.model_input import ModelInput
+from flexspec.engine.model_input import PLACEHOLDER_TOKEN_ID, ModelInput
 from tests.conftest import DEFAULT_MODEL
 from tests.engine.test_async_output import chat, run_streaming
 
@@ -190,3 +190,30 @@ def test_async_scheduling_on_gpu_matches_synchronous_steps():
         assert a[3].finish_reason == b[3].finish_reason
     assert sum(early for _, early in launched) > len(launched) // 2
     assert eng.block_manager.usage == 0.0
+
+
+def test_outputs_read_late_hold_the_tokens_of_their_step(engine):
+    """``RequestOutput.token_ids`` is sliced from the sequence's token list when first read (no O(length) copy
+    per request per step): read only after the run, each step's output still holds exactly the tokens emitted
+    up to that step, also while async scheduling appends and pops placeholders past them."""
+    import pickle
+
+    prompts = [chat(engine, "Write a short poem about the sea."), chat(engine, "List three colours.")]
+    params = SamplingParams(max_tokens=30, temperature=0)
+    with async_scheduling(engine, True), count_launches(engine) as launched:
+        rids = [engine.add_request(p, params) for p in prompts]
+        kept: dict[str, list] = {r: [] for r in rids}
+        streamed: dict[str, list[int]] = {r: [] for r in rids}
+        while engine.has_unfinished:
+            for o in engine.step():
+                streamed[o.request_id] = streamed[o.request_id] + o.new_token_ids
+                kept[o.request_id].append((o, list(streamed[o.request_id])))
+    assert sum(early for _, early in launched) >= 10  # placeholders were appended past earlier outputs
+    for r in rids:
+        assert len(kept[r]) >= 10 and kept[r][-1][0].finished
+        for out, want in kept[r]:
+            assert out.num_output_tokens == len(want)
+            assert out.token_ids == want and PLACEHOLDER_TOKEN_ID not in out.token_ids
+        first = kept[r][0][0]
+        copy = pickle.loads(pickle.dumps(first))
+        assert copy == first and copy.token_ids == kept[r][0][1]

@@ -334,7 +334,7 @@ def test_batch1_gsm8k_auto_stays_on_speculation_and_returns_soon_after_plain_ste
                       max_num_seqs=1)  # fmt: skip
     pol = eng.policy
     cost = {"plain": 1.0, "decoupled": 2.0}
-    observe, observe_request, decide = pol.observe, pol.observe_request, pol.decide
+    observe, observe_request, age_requests, decide = pol.observe, pol.observe_request, pol.age_requests, pol.decide
     modes: list[str] = []
     calls = []
 
@@ -342,8 +342,12 @@ def test_batch1_gsm8k_auto_stays_on_speculation_and_returns_soon_after_plain_ste
         calls.append(seq.seq_id)
         observe_request(seq, num_draft_tokens, num_accepted)
 
+    def counted_age_requests(seqs):  # rows of a step that verified no drafts for them
+        calls.extend(seq.seq_id for seq in seqs)
+        age_requests(seqs)
+
     pol.observe = lambda mode, n, seconds, acc, previous=None: observe(mode, n, cost[mode], acc, previous)
-    pol.observe_request = counted_observe_request
+    pol.observe_request, pol.age_requests = counted_observe_request, counted_age_requests
     pol.decide = lambda sched: modes.append(decide(sched).mode) or Decision(modes[-1], 0 if modes[-1] == "plain" else
                                                                              pol.spec.num_speculative_tokens)  # fmt: skip
     prompt = load_prompts("gsm8k", limit=1)[0]["prompt"]
