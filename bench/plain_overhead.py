@@ -82,22 +82,52 @@ class _HostGaps:
         return {"host_gap_ms_per_step": mean_ms(self.gaps), "launch_ms_per_step": mean_ms(self.launch_s)}
 
 
-def measure(
-    engine: Any,
-    prompts: list[list[int]],
-    batch_size: int,
-    steps: int,
-    profile_steps: int,
-    cprofile_steps: int = 0,
-) -> dict:
-    """Fill the batch, prefill + warm up, time ``steps`` steps, profile ``profile_steps`` more (torch.profiler)
-    and ``cprofile_steps`` more (cProfile: host functions)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+class StubModel:
+    """Host work only: the runner's target forward and sampling replaced by an instant stub (``--stub-model``).
 
+    Each emitted token is the next token of a fixed real text (cycled by output position), so detokenization
+    and stop checks see ordinary text; nothing is computed on the device. What a step then costs is the
+    engine's host work (scheduling, input building, the drafter's and the policy's bookkeeping, output
+    processing): a CPU regression number for changes to that work, not a performance claim. Plain steps only
+    (speculative steps need real logits)."""
+
+    def __init__(self, engine: Any, text_ids: list[int]) -> None:
+        import torch
+
+        from flexspec.engine import model_runner
+
+        global _real_sample
+        self.runner, self.module = engine.executor.runner, model_runner
+        self.text = torch.tensor(text_ids, dtype=torch.int64)  # [L]
+        if _real_sample is None:
+            _real_sample = model_runner.sample
+
+        def forward(inp, side=None, prev_tokens=None):  # -> ([N] token ids standing in for logits, [])
+            rows = torch.tensor([inp.positions[i] + 1 for i in inp.logits_indices], dtype=torch.int64)
+            return self.text[rows % len(self.text)], []
+
+        self.runner.forward = forward
+        model_runner.sample = _stub_sample  # the runner's sampler (a module global: every runner here)
+
+    def remove(self) -> None:
+        del self.runner.forward
+        if _real_sample is not None:
+            self.module.sample = _real_sample
+
+
+_real_sample = None  # flexspec.engine.model_runner.sample while StubModel replaces it
+
+
+def _stub_sample(logits, meta):  # StubModel's "logits" are the token ids already
+    return logits
+
+
+def fill(engine: Any, prompts: list[list[int]], batch_size: int, max_tokens: int, decode_first: int) -> list[str]:
+    """Add ``batch_size`` greedy requests (EOS ignored), prefill them and decode ``10 + decode_first`` steps
+    (outputs that long when timing starts); returns the request ids."""
     from configs import SamplingParams
 
-    params = SamplingParams(max_tokens=steps + profile_steps + 200, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     ids = [f"b{batch_size}-{i}-{time.monotonic_ns()}" for i in range(batch_size)]
     for i, rid in enumerate(ids):
         engine.add_request(prompts[i % len(prompts)], params, request_id=rid)
@@ -108,9 +138,15 @@ def measure(
             and len(engine.scheduler.running) == batch_size
         ):
             break
-    for _ in range(10):
+    for _ in range(10 + decode_first):
         engine.step()
     _sync()
+    return ids
+
+
+def time_steps(engine: Any, steps: int) -> dict[str, float]:
+    """Wall time per step over ``steps`` ``LLMEngine.step()`` calls (one device sync at the end) and the host
+    gaps / launch times (``_HostGaps``), in ms."""
     gaps = _HostGaps(engine)
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -118,12 +154,16 @@ def measure(
     _sync()
     wall_ms = (time.perf_counter() - t0) / steps * 1e3
     gaps.remove()
-    point: dict[str, Any] = {
-        "batch_size": batch_size,
-        "steps": steps,
-        "wall_ms_per_step": round(wall_ms, 4),
-        **gaps.summary(),
-    }
+    return {"wall_ms_per_step": wall_ms, **gaps.summary()}
+
+
+def profile_steps(engine: Any, profile_steps: int, cprofile_steps: int) -> dict[str, Any]:
+    """``profile_steps`` steps under torch.profiler (device time and kernels per step; CUDA only) and
+    ``cprofile_steps`` more under cProfile (the host functions with the most own time)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    point: dict[str, Any] = {}
     if profile_steps and torch.cuda.is_available():
         kernels: dict[str, list[float]] = defaultdict(list)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -145,20 +185,17 @@ def measure(
             }
             for n, v in top
         ]
-    if cprofile_steps:  # the host functions with the most own time (cProfile slows the host: separate steps)
-        prof = cProfile.Profile()
-        prof.enable()
+    if cprofile_steps:  # cProfile slows the host: separate steps
+        cprof = cProfile.Profile()
+        cprof.enable()
         for _ in range(cprofile_steps):
             engine.step()
-        prof.disable()
-        rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:20]  # type: ignore[attr-defined]
+        cprof.disable()
+        rows = sorted(pstats.Stats(cprof).stats.items(), key=lambda kv: -kv[1][2])[:20]  # type: ignore[attr-defined]
         point["host_top_us_per_step"] = {
             f"{Path(f).name}:{line}({fn})": round(1e6 * tt / cprofile_steps, 1)
             for (f, line, fn), (_, _, tt, _, _) in rows
         }
-    for rid in ids:
-        engine.abort(rid)
-    engine.step()  # the aborted requests' state is freed with the next step
     return point
 
 
@@ -166,15 +203,33 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--batch-sizes", type=int_list, default=[1, 8, 64])
-    ap.add_argument("--steps", type=int, default=300, help="Timed steps per point.")
+    ap.add_argument("--steps", type=int, default=300, help="Timed steps per system, point and round.")
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="Rounds per point, systems interleaved (rotated); median reported."
+    )
     ap.add_argument("--profile-steps", type=int, default=20, help="Profiled steps per point (0 = none).")
     ap.add_argument("--cprofile-steps", type=int, default=0, help="Steps under cProfile per point (0 = none).")
     ap.add_argument(
         "--speculative-config", action="append", default=[], help="JSON dict or list (repeatable)."
     )
+    ap.add_argument(
+        "--decode-first", type=int, default=0, help="Decode steps before timing (host cost at long outputs)."
+    )
+    ap.add_argument(
+        "--stub-model",
+        action="store_true",
+        help="Host work only: target forward + sampling replaced by an instant stub (CPU regression numbers).",
+    )
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: from memory).")
+    ap.add_argument(
+        "--gpu-memory-utilization", type=float, default=None, help="Per engine (default: 0.85 / systems)."
+    )
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--output", default=None)
     args = ap.parse_args(argv)
+
+    import statistics
 
     from configs import EngineConfig
     from flexspec.engine.llm_engine import LLMEngine
@@ -184,13 +239,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     report = JsonReport(
         args.output,
         {
-            "schema": "flexspec.bench.plain_overhead/1",
+            "schema": "flexspec.bench.plain_overhead/2",
             "env": environment(),
             "config": vars(args),
             "points": [],
         },
     )
-    base: dict[int, float] = {}
+    gpu_share = args.gpu_memory_utilization or round(0.85 / len(systems), 3)
+    engines: dict[str, Any] = {}  # every system's engine is kept: rounds interleave them
     for system in systems:
         label = system["label"]
         try:
@@ -201,6 +257,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                     max_num_seqs=max(args.batch_sizes),
                     speculative_config=system["config"],
                     speculation_profile_steps=0,
+                    device=args.device,
+                    num_kv_blocks=args.num_kv_blocks,
+                    gpu_memory_utilization=gpu_share,
+                    # async scheduling as on a GPU (it is off by default on a CPU, where nothing overlaps)
+                    async_scheduling=True if args.stub_model else None,
                 )
             )
         except Exception as e:  # noqa: BLE001 - record and go on with the next system
@@ -209,21 +270,57 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             continue
         if engine.policy is not None:
             engine.policy.decide = lambda sched: Decision("plain", 0)
-        prompts = prompt_token_ids(engine.tokenizer, "gsm8k", 16, 256)
-        for bs in args.batch_sizes:
-            point = {
-                "system": label,
-                **measure(engine, prompts, bs, args.steps, args.profile_steps, args.cprofile_steps),
+        engines[label] = engine
+    if not engines:
+        report.save()
+        return
+    any_engine = next(iter(engines.values()))
+    prompts = prompt_token_ids(any_engine.tokenizer, "gsm8k", 16, 256)
+    stub_text = _stub_text(any_engine.tokenizer) if args.stub_model else None
+    stubs = [StubModel(e, stub_text) for e in engines.values()] if stub_text is not None else []
+    labels = list(engines)
+    max_tokens = args.decode_first + args.repeats * args.steps + args.profile_steps + args.cprofile_steps + 200
+    for bs in args.batch_sizes:
+        ids = {lb: fill(engines[lb], prompts, bs, max_tokens, args.decode_first) for lb in labels}
+        rounds: dict[str, list[dict[str, float]]] = {lb: [] for lb in labels}
+        for r in range(args.repeats):
+            for lb in labels[r % len(labels) :] + labels[: r % len(labels)]:
+                rounds[lb].append(time_steps(engines[lb], args.steps))
+        base = None
+        for lb in labels:
+            med = {k: round(statistics.median(x[k] for x in rounds[lb]), 4) for k in rounds[lb][0]}
+            point: dict[str, Any] = {
+                "system": lb,
+                "batch_size": bs,
+                "steps": args.steps,
+                "repeats": args.repeats,
+                "output_tokens_at_start": args.decode_first + 10,
+                **med,
+                "wall_ms_rounds": [round(x["wall_ms_per_step"], 4) for x in rounds[lb]],
+                **profile_steps(engines[lb], args.profile_steps, args.cprofile_steps),
             }
-            if label == "plain":
-                base[bs] = point["wall_ms_per_step"]
-            elif bs in base:
-                point["vs_plain"] = round(point["wall_ms_per_step"] / base[bs], 4)
+            if lb == "plain":
+                base = point["wall_ms_per_step"]
+            elif base:
+                point["vs_plain"] = round(point["wall_ms_per_step"] / base, 4)
             report.doc["points"].append(point)
             report.save()
-            log(json.dumps({k: v for k, v in point.items() if k != "top_kernels"}))
-        del engine
+            log(json.dumps({k: v for k, v in point.items() if k not in ("top_kernels", "host_top_us_per_step")}))
+        for lb in labels:
+            for rid in ids[lb]:
+                engines[lb].abort(rid)
+            engines[lb].step()  # the aborted requests' state is freed with the next step
+    for stub in stubs:
+        stub.remove()
     report.save()
+
+
+def _stub_text(tokenizer: Any) -> list[int]:
+    """Token ids of a real text for ``StubModel`` to emit: the GSM8K test questions shipped with flexspec."""
+    from flexspec.datasets import load_prompts
+
+    text = " ".join(p["prompt"] for p in load_prompts("gsm8k", limit=64))
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 if __name__ == "__main__":

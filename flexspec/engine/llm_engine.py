@@ -84,11 +84,15 @@ class LLMEngine:
         self.block_manager = BlockManager(self.executor.num_kv_blocks, config.kv_block_size)
         self.scheduler = Scheduler(config, self.block_manager)
         self.seqs: dict[str, Sequence] = {}
+        self._seqs_by_id: dict[int, Sequence] = {}  # until the executor is told the sequence finished
         self.detok: dict[str, IncrementalDetokenizer] = {}
         self.stats = EngineStats()
         self._rng = random.Random(config.seed)
         self.spec_metrics = SpecDecodingMetrics()
         self.policy = SpeculationPolicy(config) if config.speculative_config is not None else None
+        worker = getattr(getattr(self.executor, "runner", None), "spec_worker", None)
+        if worker is not None:  # in-process drafter: it reads our token lists instead of keeping copies
+            worker.token_source = self._token_ids_of
         self._finished_seq_ids: list[int] = []
         self.last_mode = "plain"  # execution mode the policy chose for the latest step
         self.last_step_seconds = 0.0
@@ -154,6 +158,7 @@ class LLMEngine:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
         seq = Sequence(request_id, ids, params, seed=self._rng.getrandbits(62))
         self.seqs[request_id] = seq
+        self._seqs_by_id[seq.seq_id] = seq
         self.detok[request_id] = IncrementalDetokenizer(self.tokenizer, ids)
         self.scheduler.add(seq)
         self.stats.num_prompt_tokens += len(ids)
@@ -223,7 +228,14 @@ class LLMEngine:
             inp.num_speculative_tokens = decision.num_speculative_tokens
             inp.spec_mode = decision.mode
         inp.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
+        for sid in inp.finished_seq_ids:
+            self._seqs_by_id.pop(sid, None)
         return inp
+
+    def _token_ids_of(self, seq_id: int) -> list[int] | None:
+        """A running sequence's token list (prompt + output; the in-process drafter's ``token_source``)."""
+        seq = self._seqs_by_id.get(seq_id)
+        return seq.token_ids if seq is not None else None
 
     def _schedule(self) -> tuple[SchedulerOutput, ModelInput] | list[RequestOutput]:
         """Schedule the next step; returns its batch and input, or the outputs to return when nothing runs."""

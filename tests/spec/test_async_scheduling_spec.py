@@ -10,7 +10,7 @@ import pytest
 from configs import SamplingParams
 from flexspec.engine.model_input import PLACEHOLDER_TOKEN_ID
 from flexspec.spec.policy import Decision
-from tests.spec.conftest import spec_engine
+from tests.spec.conftest import on_worker_outputs, spec_engine
 
 
 def _run(eng, prompts, ahead: bool, plain_steps: int):
@@ -37,14 +37,25 @@ def _run(eng, prompts, ahead: bool, plain_steps: int):
     drafts0, accepted0 = eng.spec_metrics.num_draft_tokens, eng.spec_metrics.num_accepted_tokens
     params = SamplingParams(max_tokens=40, temperature=0)
     rids = [eng.add_request(p, params) for p in prompts]
+    seqs = {eng.seqs[r].seq_id: eng.seqs[r] for r in rids}
     final = {}
+
+    def history_is_the_engines(inp, out) -> None:
+        """Where the drafter reads a history (a step that drafts), it is the engine's tokens + this step's
+        emitted ones, also after plain steps launched ahead (placeholders) or only marked stale."""
+        emitting = [sid for sid, smp in zip(inp.seq_ids, inp.samples) if smp]
+        for sid, emitted in zip(emitting, out.token_ids):
+            if sid in seqs and not seqs[sid].is_finished:
+                assert worker.history[sid] == seqs[sid].token_ids + emitted
+
     try:
-        while eng.has_unfinished:
-            for o in eng.step():
-                if o.finished:
-                    final[o.request_id] = o.token_ids
-            # Between steps no history holds a placeholder: the ids read back replace them.
-            assert not any(PLACEHOLDER_TOKEN_ID in h for h in worker.history.values())
+        with on_worker_outputs(worker, history_is_the_engines):
+            while eng.has_unfinished:
+                for o in eng.step():
+                    if o.finished:
+                        final[o.request_id] = o.token_ids
+                # Between steps no history holds a placeholder: the ids read back replace them.
+                assert not any(PLACEHOLDER_TOKEN_ID in h for h in worker.history.values())
     finally:
         del eng.policy.decide, eng.executor.launch
         eng.config.async_scheduling = None
@@ -82,10 +93,17 @@ def test_plain_steps_scheduled_ahead_between_speculative_steps_are_exact(plain_1
     prompts, want = plain_128
     prompts, want = prompts[1::7], [w[:40] for w in want[1::7]]
     eng = spec_engine(spec, max_num_seqs=4)
+    worker = eng.executor.runner.spec_worker
+    assert worker.token_source is not None  # in-process: launched plain steps only mark histories stale
     tokens_a, drafts_a, accepted_a, ahead_a, modes_a = _run(eng, prompts, True, plain_steps=3)
     tokens_s, drafts_s, accepted_s, ahead_s, _ = _run(eng, prompts, False, plain_steps=3)
-    assert tokens_a == tokens_s == want
-    assert (drafts_a, accepted_a) == (drafts_s, accepted_s) and accepted_s > 0
+    worker.token_source = None  # as in a TP worker process: histories extended at every plain step
+    try:
+        tokens_h, drafts_h, accepted_h, _, _ = _run(eng, prompts, True, plain_steps=3)
+    finally:
+        worker.token_source = eng._token_ids_of
+    assert tokens_a == tokens_s == tokens_h == want
+    assert (drafts_a, accepted_a) == (drafts_s, accepted_s) == (drafts_h, accepted_h) and accepted_s > 0
     # every plain step after a plain step that verified nothing was launched ahead, and no other (the count
     # depends on how many steps the drafter's acceptances leave: a fixed bound broke when the drafter improved)
     assert ahead_s == 0 and ahead_a == _launchable_ahead(modes_a) >= 5
