@@ -1,11 +1,16 @@
 """GPU benchmark and large-shape check of the kernels (a script, not collected by pytest).
 
     TRITON_INTERPRET=0 python -m bench.kernels_bench [--sweep]
+    TRITON_INTERPRET=0 python -m bench.kernels_bench --split-kv [--json out.json]
 
 Each attention line: Triton time, effective bandwidth (K/V bytes read once) and TFLOP/s, and the max
-abs difference to the torch reference. ``--sweep`` also times other tile configurations.
+abs difference to the torch reference. ``--sweep`` also times other tile configurations. ``--split-kv``
+only times decode attention of the default model's shape (9 query / 3 KV heads, D 64, bf16, block 16) at
+batch 1-64 and contexts 128-2048 with 1-16 splits and the launcher's own choice, as a decode step runs it:
+30 launches (one per layer) replayed in a CUDA graph, us per launch (median of 20 replays).
 """
 
+import json
 import os
 import sys
 
@@ -82,9 +87,58 @@ def bench_attention(name, b, max_query_len, flops=None, sdpa=None, check=True, *
     return ms
 
 
+def split_kv_sweep(json_path=None):
+    """Decode attention of the default model's shape: us per launch inside a 30-launch CUDA graph, per batch
+    size, context length and split count ("auto": the launcher's choice); max error of auto vs the reference."""
+    rows = []
+    for bs in (1, 4, 16, 64):
+        for ctx in (128, 512, 1024, 2048):
+            b = make_batch([ctx] * bs, [1] * bs, 9, 3, 64)
+            ref = paged_attention_ref(**b).float()
+            for splits in (1, 2, 4, 8, 16, None):
+                fn = lambda: paged_attention_triton(**b, max_query_len=1, num_splits=splits)  # noqa: B023
+                fn()
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    for _ in range(30):
+                        fn()
+                times = []
+                for _ in range(20):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    g.replay()
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end) * 1e3 / 30)
+                times.sort()
+                row = {
+                    "batch": bs,
+                    "ctx": ctx,
+                    "splits": splits or "auto",
+                    "us_per_launch": round(times[10], 2),
+                }
+                row["maxerr"] = round((fn().float() - ref).abs().max().item(), 5)
+                if splits is None:
+                    row["auto_splits"] = attention._num_splits((bs // 5 + bs) * 3, 1, torch.device(DEV))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(
+                {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
+                f,
+                indent=1,
+            )
+
+
 def main():
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    if "--split-kv" in sys.argv:
+        i = sys.argv.index("--json") if "--json" in sys.argv else -1
+        split_kv_sweep(sys.argv[i + 1] if i >= 0 else None)
+        return
     hq, hkv, d = 32, 8, 128
 
     def batch(ctx, new, **kw):

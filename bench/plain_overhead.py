@@ -122,7 +122,9 @@ def _stub_sample(logits, meta):  # StubModel's "logits" are the token ids alread
     return logits
 
 
-def fill(engine: Any, prompts: list[list[int]], batch_size: int, max_tokens: int, decode_first: int) -> list[str]:
+def fill(
+    engine: Any, prompts: list[list[int]], batch_size: int, max_tokens: int, decode_first: int
+) -> list[str]:
     """Add ``batch_size`` greedy requests (EOS ignored), prefill them and decode ``10 + decode_first`` steps
     (outputs that long when timing starts); returns the request ids."""
     from configs import SamplingParams
@@ -205,10 +207,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     ap.add_argument("--batch-sizes", type=int_list, default=[1, 8, 64])
     ap.add_argument("--steps", type=int, default=300, help="Timed steps per system, point and round.")
     ap.add_argument(
-        "--repeats", type=int, default=1, help="Rounds per point, systems interleaved (rotated); median reported."
+        "--repeats",
+        type=int,
+        default=1,
+        help="Rounds per point, systems interleaved (rotated); median reported.",
     )
     ap.add_argument("--profile-steps", type=int, default=20, help="Profiled steps per point (0 = none).")
-    ap.add_argument("--cprofile-steps", type=int, default=0, help="Steps under cProfile per point (0 = none).")
+    ap.add_argument(
+        "--cprofile-steps", type=int, default=0, help="Steps under cProfile per point (0 = none)."
+    )
     ap.add_argument(
         "--speculative-config", action="append", default=[], help="JSON dict or list (repeatable)."
     )
@@ -279,7 +286,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     stub_text = _stub_text(any_engine.tokenizer) if args.stub_model else None
     stubs = [StubModel(e, stub_text) for e in engines.values()] if stub_text is not None else []
     labels = list(engines)
-    max_tokens = args.decode_first + args.repeats * args.steps + args.profile_steps + args.cprofile_steps + 200
+    max_tokens = (
+        args.decode_first + args.repeats * args.steps + args.profile_steps + args.cprofile_steps + 200
+    )
     for bs in args.batch_sizes:
         ids = {lb: fill(engines[lb], prompts, bs, max_tokens, args.decode_first) for lb in labels}
         rounds: dict[str, list[dict[str, float]]] = {lb: [] for lb in labels}
@@ -305,7 +314,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                 point["vs_plain"] = round(point["wall_ms_per_step"] / base, 4)
             report.doc["points"].append(point)
             report.save()
-            log(json.dumps({k: v for k, v in point.items() if k not in ("top_kernels", "host_top_us_per_step")}))
+            log(
+                json.dumps(
+                    {k: v for k, v in point.items() if k not in ("top_kernels", "host_top_us_per_step")}
+                )
+            )
         for lb in labels:
             for rid in ids[lb]:
                 engines[lb].abort(rid)

@@ -160,7 +160,44 @@ def _attend_new_tokens(
     return m_i, l_i, acc
 
 
-@triton.jit(do_not_specialize=["num_seqs", "scale", "sliding_window", "soft_cap"])
+@triton.jit
+def _attend_step_tokens(
+    m_i, l_i, acc, q, q_local, q_pos, row_valid, seq, q_start, q_len, q_block_local, kv_head,
+    k_ptr, v_ptr, positions_ptr, mask_ptr, mask_start_loc_ptr,
+    k_stride_t, k_stride_h, v_stride_t, v_stride_h, scale, sliding_window, soft_cap,
+    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
+    USE_SLIDING_WINDOW: tl.constexpr, USE_SOFT_CAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):  # fmt: skip
+    """This step's new tokens as keys (read from k / v), under the custom mask or causally."""
+    if HAS_MASK:
+        mask_row = mask_ptr + tl.load(mask_start_loc_ptr + seq) + q_local.to(tl.int64) * q_len
+        m_i, l_i, acc = _attend_new_tokens(
+            m_i, l_i, acc, q, q_local, q_pos, row_valid, 0, q_len, q_start, q_len, kv_head,
+            k_ptr, v_ptr, positions_ptr, mask_row, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+            scale, sliding_window, soft_cap,
+            HEAD_DIM, BLOCK_N, MASK_CUSTOM, USE_SLIDING_WINDOW, USE_SOFT_CAP, UPCAST_DOT,
+        )  # fmt: skip
+    else:
+        # Causal: key tiles before the tile's first query are fully visible (no mask needed),
+        # tiles after its last query are invisible; only the diagonal tiles are masked.
+        diag_start = (q_block_local * BLOCK_Q) // BLOCK_N * BLOCK_N
+        diag_end = tl.minimum(q_len, (q_block_local + 1) * BLOCK_Q)
+        m_i, l_i, acc = _attend_new_tokens(
+            m_i, l_i, acc, q, q_local, q_pos, row_valid, 0, diag_start, q_start, q_len, kv_head,
+            k_ptr, v_ptr, positions_ptr, mask_ptr, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+            scale, sliding_window, soft_cap,
+            HEAD_DIM, BLOCK_N, MASK_NONE, USE_SLIDING_WINDOW, USE_SOFT_CAP, UPCAST_DOT,
+        )  # fmt: skip
+        m_i, l_i, acc = _attend_new_tokens(
+            m_i, l_i, acc, q, q_local, q_pos, row_valid, diag_start, diag_end, q_start, q_len,
+            kv_head, k_ptr, v_ptr, positions_ptr, mask_ptr, k_stride_t, k_stride_h, v_stride_t,
+            v_stride_h, scale, sliding_window, soft_cap,
+            HEAD_DIM, BLOCK_N, MASK_CAUSAL, USE_SLIDING_WINDOW, USE_SOFT_CAP, UPCAST_DOT,
+        )  # fmt: skip
+    return m_i, l_i, acc
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_q_heads", "scale", "sliding_window", "soft_cap"])
 def _paged_attention_kernel(
     out_ptr,  # [T, Hq, D]
     q_ptr,  # [T, Hq, D]
@@ -174,10 +211,13 @@ def _paged_attention_kernel(
     positions_ptr,  # [T] int64
     mask_ptr,  # [sum_s n_s * n_s] uint8 (unused unless HAS_MASK)
     mask_start_loc_ptr,  # [S + 1] int64 (unused unless HAS_MASK)
+    part_out_ptr,  # [T, Hq, NUM_SPLITS, D] fp32 unnormalized partial outputs (unused if NUM_SPLITS == 1)
+    part_ml_ptr,  # [T, Hq, NUM_SPLITS, 2] fp32 partial running max (log2) and sum (unused if NUM_SPLITS == 1)
     scale,  # float
     sliding_window,  # int (unused unless USE_SLIDING_WINDOW)
     soft_cap,  # float (unused unless USE_SOFT_CAP)
     num_seqs,
+    num_q_heads,
     q_stride_t,
     q_stride_h,
     k_stride_t,
@@ -200,9 +240,11 @@ def _paged_attention_kernel(
     USE_SLIDING_WINDOW: tl.constexpr,
     USE_SOFT_CAP: tl.constexpr,
     UPCAST_DOT: tl.constexpr,  # dot in fp32: works around the interpreter's bf16 tl.dot
+    NUM_SPLITS: tl.constexpr,  # split-KV: programs per (query tile, KV head), each over a share of the context
 ):
     q_block_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
 
     seq = _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
@@ -240,8 +282,14 @@ def _paged_attention_kernel(
         min_q_pos = tl.min(tl.where(row_valid, q_pos, 1 << 62))
         first_visible = tl.maximum(min_q_pos - sliding_window + 1, 0)
         ctx_start = (tl.minimum(first_visible, ctx_len) // BLOCK_N * BLOCK_N).to(tl.int32)
+    ctx_end = ctx_len
+    if NUM_SPLITS > 1:  # this program's share: a contiguous run of the context's key tiles
+        num_tiles = tl.cdiv(ctx_len - ctx_start, BLOCK_N)
+        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        ctx_end = tl.minimum(ctx_start + (split + 1) * tiles_per_split * BLOCK_N, ctx_len)
+        ctx_start = tl.minimum(ctx_start + split * tiles_per_split * BLOCK_N, ctx_len)
     block_table_row = block_tables_ptr + seq.to(tl.int64) * block_tables_stride
-    for kv_start in range(ctx_start, ctx_len, BLOCK_N):
+    for kv_start in range(ctx_start, ctx_end, BLOCK_N):
         offs_n = kv_start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
         kv_valid = offs_n < ctx_len
         block_ids = tl.load(block_table_row + offs_n // CACHE_BLOCK_SIZE, mask=kv_valid, other=0).to(tl.int64)
@@ -269,44 +317,99 @@ def _paged_attention_kernel(
             v = v.to(tl.float32)
         m_i, l_i, acc = _online_softmax_step(scores, v, m_i, l_i, acc)
 
-    # ---- 2. this step's new tokens, read from k / v, under the custom or causal mask ----
-    if HAS_MASK:
-        mask_row = mask_ptr + tl.load(mask_start_loc_ptr + seq) + q_local.to(tl.int64) * q_len
-        m_i, l_i, acc = _attend_new_tokens(
-            m_i, l_i, acc, q, q_local, q_pos, row_valid, 0, q_len, q_start, q_len, kv_head,
-            k_ptr, v_ptr, positions_ptr, mask_row, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
-            scale, sliding_window, soft_cap,
-            HEAD_DIM, BLOCK_N, MASK_CUSTOM, USE_SLIDING_WINDOW, USE_SOFT_CAP, UPCAST_DOT,
+    # ---- 2. this step's new tokens, read from k / v, under the custom or causal mask (by the last split) ----
+    if NUM_SPLITS == 1:  # static: the unsplit kernel is the same code as before split-KV existed
+        m_i, l_i, acc = _attend_step_tokens(
+            m_i, l_i, acc, q, q_local, q_pos, row_valid, seq, q_start, q_len, q_block_local, kv_head,
+            k_ptr, v_ptr, positions_ptr, mask_ptr, mask_start_loc_ptr,
+            k_stride_t, k_stride_h, v_stride_t, v_stride_h, scale, sliding_window, soft_cap,
+            HEAD_DIM, BLOCK_Q, BLOCK_N, HAS_MASK, USE_SLIDING_WINDOW, USE_SOFT_CAP, UPCAST_DOT,
         )  # fmt: skip
-    else:
-        # Causal: key tiles before the tile's first query are fully visible (no mask needed),
-        # tiles after its last query are invisible; only the diagonal tiles are masked.
-        diag_start = (q_block_local * BLOCK_Q) // BLOCK_N * BLOCK_N
-        diag_end = tl.minimum(q_len, (q_block_local + 1) * BLOCK_Q)
-        m_i, l_i, acc = _attend_new_tokens(
-            m_i, l_i, acc, q, q_local, q_pos, row_valid, 0, diag_start, q_start, q_len, kv_head,
-            k_ptr, v_ptr, positions_ptr, mask_ptr, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
-            scale, sliding_window, soft_cap,
-            HEAD_DIM, BLOCK_N, MASK_NONE, USE_SLIDING_WINDOW, USE_SOFT_CAP, UPCAST_DOT,
-        )  # fmt: skip
-        m_i, l_i, acc = _attend_new_tokens(
-            m_i, l_i, acc, q, q_local, q_pos, row_valid, diag_start, diag_end, q_start, q_len,
-            kv_head, k_ptr, v_ptr, positions_ptr, mask_ptr, k_stride_t, k_stride_h, v_stride_t,
-            v_stride_h, scale, sliding_window, soft_cap,
-            HEAD_DIM, BLOCK_N, MASK_CAUSAL, USE_SLIDING_WINDOW, USE_SOFT_CAP, UPCAST_DOT,
+    elif split == NUM_SPLITS - 1:
+        m_i, l_i, acc = _attend_step_tokens(
+            m_i, l_i, acc, q, q_local, q_pos, row_valid, seq, q_start, q_len, q_block_local, kv_head,
+            k_ptr, v_ptr, positions_ptr, mask_ptr, mask_start_loc_ptr,
+            k_stride_t, k_stride_h, v_stride_t, v_stride_h, scale, sliding_window, soft_cap,
+            HEAD_DIM, BLOCK_Q, BLOCK_N, HAS_MASK, USE_SLIDING_WINDOW, USE_SOFT_CAP, UPCAST_DOT,
         )  # fmt: skip
 
-    # Rows without any visible key have l = 0 and acc = 0: they return zeros.
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(
-        out_ptr + q_tok[:, None] * o_stride_t + q_head[:, None] * o_stride_h + offs_d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_valid[:, None],
-    )
+    if NUM_SPLITS == 1:
+        # Rows without any visible key have l = 0 and acc = 0: they return zeros.
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(
+            out_ptr + q_tok[:, None] * o_stride_t + q_head[:, None] * o_stride_h + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None],
+        )
+    else:  # partial results of this split; _merge_splits_kernel combines them
+        row = (q_tok * num_q_heads + q_head) * NUM_SPLITS + split  # [BLOCK_M] flat (token, head, split)
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_valid[:, None])
+        tl.store(part_ml_ptr + row * 2, m_i, mask=row_valid)
+        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=row_valid)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr,  # [T, Hq, D]
+    part_out_ptr,  # [T, Hq, NUM_SPLITS, D] fp32
+    part_ml_ptr,  # [T, Hq, NUM_SPLITS, 2] fp32
+    num_q_heads,
+    o_stride_t,
+    o_stride_h,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    """Split-KV reduction (flash-decoding, Dao et al. 2023): ``out = sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p - M)
+    l_p`` with ``M = max_p m_p``, one program per (token, query head); zeros where no split saw a key."""
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_p = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    base = (tok * num_q_heads + head) * NUM_SPLITS
+    m = tl.load(part_ml_ptr + (base + offs_p) * 2)  # [NUM_SPLITS] (log2 domain; -inf: no key)
+    l = tl.load(part_ml_ptr + (base + offs_p) * 2 + 1)  # [NUM_SPLITS]
+    acc = tl.load(part_out_ptr + (base + offs_p)[:, None] * HEAD_DIM + offs_d[None, :])  # [NUM_SPLITS, D]
+    m_max = tl.max(m, 0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_safe)  # [NUM_SPLITS]; 0 for splits without keys
+    total = tl.sum(w * l, 0)
+    out = tl.sum(w[:, None] * acc, 0) / tl.where(total == 0.0, 1.0, total)  # [D]
+    tl.store(out_ptr + tok * o_stride_t + head * o_stride_h + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+# Split-KV for grids too small to fill the GPU (decode at small batch): "auto", "0" (off) or a power of two.
+# Off by default until timed on the H200 (``python -m bench.kernels_bench --split-kv``): checked against the
+# reference under Triton's interpreter only so far; the merge kernel's launch may cost more than it saves at
+# short contexts.
+SPLIT_KV = os.environ.get("FLEXSPEC_SPLIT_KV", "0").lower()
+MAX_SPLITS = 16
+_SM_COUNT: dict[int, int] = {}
+
+
+def _num_splits(num_programs: int, max_query_len: int, device: torch.device) -> int:
+    """How many programs share each (query tile, KV head)'s context (split-KV, "flash-decoding": Dao, Haziza,
+    Massa, Sizov 2023). Without it a decode step at batch 1 runs ``Hkv`` programs (3 for the default model) that
+    each walk the whole context: a latency-bound loop that made an H200 decode step grow from 0.80 to 1.34 ms
+    over ~1,000 tokens of context (session 18, ``bench.plain_overhead`` rounds). Chosen from shapes only (CUDA
+    graphs) with ``FLEXSPEC_SPLIT_KV=auto``: doubled while the grid stays under two programs per SM, up to
+    ``MAX_SPLITS``, for queries of at most 16 tokens (decode, verification); 1 elsewhere and on CPU. ``0`` (the
+    default for now, see ``SPLIT_KV``) turns it off; a number forces that many splits."""
+    if SPLIT_KV != "auto":
+        return max(1, int(SPLIT_KV))
+    if device.type != "cuda" or max_query_len > 16:
+        return 1
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    target = 2 * _SM_COUNT[idx]
+    splits = 1
+    while splits < MAX_SPLITS and num_programs * splits * 2 <= target:
+        splits *= 2
+    return splits
 
 
 def _launch_config(max_query_len: int, num_queries_per_kv: int, head_dim: int) -> tuple[int, int, int, int]:
@@ -334,11 +437,14 @@ def paged_attention_triton(
     mask_start_loc: torch.Tensor | None = None,  # [S + 1] int64
     logits_soft_cap: float | None = None,
     max_query_len: int | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Triton launcher of :func:`paged_attention`. Never reads tensor values on the host.
 
     ``max_query_len`` (largest ``n_s``) only picks tile sizes; the grid is ``T // BLOCK_Q + S``
     programs per KV head whatever it is. If None, ``ceil(T / S)`` is used as the guess.
+    ``num_splits`` (a power of two; None: ``_num_splits``) splits each program's cached context over that
+    many programs, whose partial softmax results a second kernel merges (split-KV).
     """
     _check_args(
         q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
@@ -362,15 +468,28 @@ def paged_attention_triton(
 
     has_mask = mask is not None
     mask_u8 = mask.view(torch.uint8) if has_mask else positions  # dummy pointer when unused
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    num_q_tiles = num_tokens // block_q + num_seqs
+    if num_splits is None:
+        num_splits = _num_splits(num_q_tiles * num_kv_heads, max_query_len, q.device)
+    if num_splits < 1 or num_splits & (num_splits - 1):
+        raise ValueError(f"num_splits must be a power of two >= 1, got {num_splits}")
+    part_out = part_ml = out  # dummy pointers when unused
+    if num_splits > 1:
+        part_out = torch.empty(
+            num_tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
+        part_ml = torch.empty(num_tokens, num_q_heads, num_splits, 2, dtype=torch.float32, device=q.device)
+    grid = (num_q_tiles, num_kv_heads, num_splits)
     _paged_attention_kernel[grid](
         out, q, k, v, k_cache, v_cache,
         block_tables, context_lens, query_start_loc, positions,
         mask_u8, mask_start_loc if has_mask else positions,
+        part_out, part_ml,
         float(scale),
         int(sliding_window) if sliding_window is not None else 0,
         float(logits_soft_cap) if logits_soft_cap is not None else 0.0,
         num_seqs,
+        num_q_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -387,8 +506,14 @@ def paged_attention_triton(
         # Triton's interpreter (the only way to run on CPU tensors) multiplies bf16 dot operands
         # as their raw uint16 bits (triton/runtime/interpreter.py, create_dot), so upcast there.
         UPCAST_DOT=q.dtype == torch.bfloat16 and (not q.is_cuda or _interpreting()),
+        NUM_SPLITS=num_splits,
         num_warps=num_warps,
     )  # fmt: skip
+    if num_splits > 1:
+        _merge_splits_kernel[(num_tokens, num_q_heads)](
+            out, part_out, part_ml, num_q_heads, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, NUM_SPLITS=num_splits, num_warps=1 if head_dim <= 64 else 2,
+        )  # fmt: skip
     return out
 
 

@@ -106,7 +106,9 @@ class SpecDecodeWorker:
         if self.token_source is not None:
             if 0 in inp.context_lens:  # a prompt starts again (recomputed after preemption): as _commit does
                 known = self.history.keys() | self.stale
-                self._forget([sid for sid, c in zip(inp.seq_ids, inp.context_lens) if c == 0 and sid in known])
+                self._forget(
+                    [sid for sid, c in zip(inp.seq_ids, inp.context_lens) if c == 0 and sid in known]
+                )
             self.stale.update(inp.seq_ids)
             return
         history, ids = self.history, inp.input_ids

@@ -1,6 +1,7 @@
 """paged_attention: reference vs a naive per-query softmax, and Triton vs reference."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -189,6 +190,70 @@ def test_triton_matches_reference(name, device):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+SPLIT_CASES = {
+    **CASES,
+    # the default model's shape (9 query / 3 KV heads, D 64): long contexts split over several key tiles each
+    "decode_long_gqa3": (
+        [700, 0, 301, 64],
+        [1, 1, 1, 1],
+        {"num_q_heads": 9, "num_kv_heads": 3, "head_dim": 64, "block_size": 16},
+        {},
+    ),  # fmt: skip
+    "verify_long_window": ([520, 90], [5, 3], {"block_size": 16, "masks": "random"}, {"sliding_window": 300}),
+}
+
+
+@pytest.mark.parametrize(
+    "name,num_splits",
+    [(name, 16) for name in SPLIT_CASES] + [("decode_long_gqa3", 2), ("decode_long_gqa3", 4)],
+)
+def test_split_kv_matches_reference(name, num_splits, device):
+    """Split-KV (each program walks 1/num_splits of the context's key tiles, a second kernel merges the partial
+    softmax states) == the reference, also where most splits see no key at all (short contexts, 16 splits),
+    with sliding windows, custom masks on the new tokens and soft caps (the last split attends the new
+    tokens)."""
+    ctx_lens, new_lens, batch_kw, attn_kw = SPLIT_CASES[name]
+    b = _make_batch(ctx_lens, new_lens, device=device, **batch_kw)
+    expected = paged_attention_ref(**b, **attn_kw)
+    got = paged_attention_triton(**b, **attn_kw, num_splits=num_splits)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_split_kv_bf16(device):
+    b = _make_batch([300, 5], [1, 2], dtype=torch.bfloat16, block_size=16, device=device)
+    got = paged_attention_triton(**b, num_splits=4)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, paged_attention_ref(**b), rtol=2e-2, atol=2e-2)
+
+
+def test_split_kv_factor_from_shapes(monkeypatch):
+    """With ``FLEXSPEC_SPLIT_KV=auto``, splits double while the grid stays under two programs per SM (132 here,
+    an H200), at most 16, only for queries of <= 16 tokens on CUDA; never on a CPU; ``0`` turns them off and a
+    number forces that many."""
+    from kernels import attention
+
+    assert attention.SPLIT_KV == os.environ.get(
+        "FLEXSPEC_SPLIT_KV", "0"
+    )  # off unless asked for (not timed yet)
+    monkeypatch.setattr(attention, "SPLIT_KV", "auto")
+    monkeypatch.setitem(attention._SM_COUNT, 0, 132)
+    cuda = torch.device("cuda", 0)
+    assert attention._num_splits(3, 1, cuda) == 16  # batch 1, 3 KV heads
+    assert attention._num_splits(27, 1, cuda) == 8  # batch 8: 216 programs
+    assert attention._num_splits(57, 1, cuda) == 4  # batch 16
+    assert attention._num_splits(228, 1, cuda) == 1  # batch 64: the grid fills the GPU
+    assert attention._num_splits(3, 17, cuda) == 1  # prefill-sized queries
+    assert attention._num_splits(3, 1, torch.device("cpu")) == 1
+    monkeypatch.setattr(attention, "SPLIT_KV", "0")
+    assert attention._num_splits(3, 1, cuda) == 1
+    monkeypatch.setattr(attention, "SPLIT_KV", "4")
+    assert attention._num_splits(228, 1, cuda) == 4
+    b = _make_batch([5], [1])
+    with pytest.raises(ValueError, match="power of two"):
+        paged_attention_triton(**b, num_splits=3)
+
+
 @pytest.mark.parametrize("max_query_len", [None, 1, 150, 300])
 def test_tile_size_hint_does_not_change_result(max_query_len, device):
     """The hint only picks BLOCK_M; a wrong hint (1 for a 150-token chunk) must still be exact.
@@ -245,7 +310,9 @@ def test_vectorized_torch_path_no_visible_key_gives_zeros():
 def test_dispatch():
     b = _make_batch([3], [2])
     torch.testing.assert_close(paged_attention(**b), paged_attention_ref(**b))
-    torch.testing.assert_close(paged_attention(**b, backend="torch_ref"), paged_attention_ref(**b), rtol=0, atol=0)
+    torch.testing.assert_close(
+        paged_attention(**b, backend="torch_ref"), paged_attention_ref(**b), rtol=0, atol=0
+    )
     with pytest.raises(ValueError, match="backend"):
         paged_attention(**b, backend="flash")
 
