@@ -393,8 +393,8 @@ _SM_COUNT: dict[int, int] = {}
 def _num_splits(num_programs: int, max_query_len: int, device: torch.device) -> int:
     """How many programs share each (query tile, KV head)'s context (split-KV, "flash-decoding": Dao, Haziza,
     Massa, Sizov 2023). Without it a decode step at batch 1 runs ``Hkv`` programs (3 for the default model) that
-    each walk the whole context: a latency-bound loop that made an H200 decode step grow from 0.80 to 1.34 ms
-    over ~1,000 tokens of context (session 18, ``bench.plain_overhead`` rounds). Chosen from shapes only (CUDA
+    each walk the whole context (an H200 decode step grew from 0.80 to 1.34 ms over ~800 more tokens of
+    context, session 18's ``bench.plain_overhead`` rounds; the attention kernel's share not yet profiled). Chosen from shapes only (CUDA
     graphs) with ``FLEXSPEC_SPLIT_KV=auto``: doubled while the grid stays under two programs per SM, up to
     ``MAX_SPLITS``, for queries of at most 16 tokens (decode, verification); 1 elsewhere and on CPU. ``0`` (the
     default for now, see ``SPLIT_KV``) turns it off; a number forces that many splits."""
