@@ -30,6 +30,8 @@ class EngineStats:
     num_generation_tokens: int = 0
     num_steps: int = 0
     num_preemptions: int = 0
+    # steps scheduled after the previous step's result because scheduling ahead would have preempted
+    num_ahead_schedules_deferred: int = 0
 
 
 @dataclass
@@ -292,7 +294,13 @@ class LLMEngine:
                 # that st did not verify, e.g. for lack of token budget, must not be scheduled on top of it)
                 seq.draft_token_ids = []
         st.provisional, st.held_out = True, frozenset(held_out)
-        sched = self.scheduler.schedule()
+        # Never preempt here: a request that ends on EOS / a stop string with ``st``'s token still holds its
+        # blocks, so preempting now could evict a request that scheduling after ``st`` would keep; such a step
+        # is scheduled after ``st`` is applied instead (an empty batch makes ``_step_after`` schedule afresh).
+        sched = self.scheduler.schedule(preempt=False)
+        if sched is None:
+            self.stats.num_ahead_schedules_deferred += 1
+            return SchedulerOutput([], [])
         self.stats.num_preemptions += len(sched.preempted)
         return sched
 

@@ -69,17 +69,23 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, preempt: bool = True) -> SchedulerOutput | None:
         """The next step's sequences and token counts (see the module doc). With the speculative config's
         ``separate_prefill_steps``, a step that prefills carries no decode or verification queries while
-        running requests have drafts to verify: those wait one step (see ``_defers_decodes``)."""
+        running requests have drafts to verify: those wait one step (see ``_defers_decodes``).
+
+        ``preempt=False`` (a step scheduled ahead of the previous step's result, whose finished requests
+        still hold their blocks): returns None instead of preempting when a running sequence's blocks cannot
+        grow; the caller schedules again once that result is applied. Blocks allocated before that point
+        stay with their sequences (their next tokens need them anyway)."""
         if self._defers_decodes():
-            out = self._schedule(defer_decodes=True)
-            if out.scheduled:
+            out = self._schedule(defer_decodes=True, preempt=preempt)
+            if out is None or out.scheduled:
                 return out
-            more = self._schedule(defer_decodes=False)  # nothing could be prefilled after all
-            return SchedulerOutput(more.scheduled, out.preempted + more.preempted)
-        return self._schedule(defer_decodes=False)
+            # nothing could be prefilled after all
+            more = self._schedule(defer_decodes=False, preempt=preempt)
+            return None if more is None else SchedulerOutput(more.scheduled, out.preempted + more.preempted)
+        return self._schedule(defer_decodes=False, preempt=preempt)
 
     def _defers_decodes(self) -> bool:
         """Whether this step should prefill only: separate prefill steps are on, some running request has
@@ -111,7 +117,7 @@ class Scheduler:
             return False
         return self.block_manager.can_allocate(seq, seq.num_computed_tokens + n)
 
-    def _schedule(self, defer_decodes: bool) -> SchedulerOutput:
+    def _schedule(self, defer_decodes: bool, preempt: bool = True) -> SchedulerOutput | None:
         budget = self.config.max_num_batched_tokens
         max_len = self.config.max_model_len
         scheduled: list[ScheduledSequence] = []
@@ -131,6 +137,8 @@ class Scheduler:
             drafts = max(0, min(len(seq.draft_token_ids), room - uncomputed))
             n = min(uncomputed + drafts, room)
             if computed + n > len(seq.block_table) * block_size:  # needs new blocks (most steps do not)
+                if not preempt and not bm.can_allocate(seq, computed + n):
+                    return None
                 while not bm.can_allocate(seq, computed + n):
                     victim = self.running[-1]
                     self._preempt(victim)

@@ -217,3 +217,35 @@ def test_outputs_read_late_hold_the_tokens_of_their_step(engine):
         first = kept[r][0][0]
         copy = pickle.loads(pickle.dumps(first))
         assert copy == first and copy.token_ids == kept[r][0][1]
+
+
+def test_a_step_scheduled_ahead_never_preempts(engine):
+    """Under KV-cache pressure a step scheduled ahead must not preempt: the request that ends on EOS with the step
+    in flight still holds its blocks then, so preempting would evict a request that scheduling after the result
+    keeps (a known limitation until session 18). Such a step is scheduled after the result instead. Here "Say
+    hello." ends on EOS after 30 tokens, in the step before the other request needs a new block; 8 blocks of 16
+    tokens hold both only once the first one's blocks are free: synchronous scheduling preempts nothing."""
+    from flexspec.engine.block_manager import BlockManager
+
+    prompts = [chat(engine, "Say hello."), chat(engine, "Tell me about dragons.")]
+    params = [SamplingParams(max_tokens=60, temperature=0), SamplingParams(max_tokens=40, temperature=0)]
+    saved = engine.block_manager
+    runs = {}
+    try:
+        for ahead in (True, False):
+            engine.block_manager = engine.scheduler.block_manager = BlockManager(8, saved.block_size)
+            before = (engine.stats.num_preemptions, engine.stats.num_ahead_schedules_deferred)
+            with async_scheduling(engine, ahead):
+                outs = engine.generate(prompts, params)
+            runs[ahead] = (
+                [(o.token_ids, o.finish_reason) for o in outs],
+                engine.stats.num_preemptions - before[0],
+                engine.stats.num_ahead_schedules_deferred - before[1],
+            )
+    finally:
+        engine.block_manager = engine.scheduler.block_manager = saved
+    (outs_a, preempted_a, deferred_a), (outs_s, preempted_s, deferred_s) = runs[True], runs[False]
+    assert outs_a[0][1] == "stop" and len(outs_a[0][0]) == 30  # the scenario: EOS after 30 tokens
+    assert outs_a == outs_s
+    assert preempted_a == preempted_s == 0
+    assert deferred_a >= 1 and deferred_s == 0  # the pressured step was scheduled after the result
