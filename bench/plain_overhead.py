@@ -202,9 +202,13 @@ def profile_steps(engine: Any, profile_steps: int, cprofile_steps: int) -> dict[
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--batch-sizes", type=int_list, default=[1, 8, 64])
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="Target model id, folder or .gguf file.")
+    ap.add_argument("--batch-sizes", type=int_list, default=[1, 8, 64], help="Comma-separated batch sizes.")
     ap.add_argument("--steps", type=int, default=300, help="Timed steps per system, point and round.")
     ap.add_argument(
         "--repeats",
@@ -227,13 +231,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         action="store_true",
         help="Host work only: target forward + sampling replaced by an instant stub (CPU regression numbers).",
     )
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: CUDA if present."
+    )
     ap.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: from memory).")
     ap.add_argument(
         "--gpu-memory-utilization", type=float, default=None, help="Per engine (default: 0.85 / systems)."
     )
-    ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--output", default=None)
+    ap.add_argument("--max-model-len", type=int, default=2048, help="Max prompt + output tokens per request.")
+    ap.add_argument("--output", default=None, help="Results JSON (rewritten after every point).")
     args = ap.parse_args(argv)
 
     import statistics
@@ -271,16 +277,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                     async_scheduling=True if args.stub_model else None,
                 )
             )
-        except Exception as e:  # noqa: BLE001 - record and go on with the next system
+        except Exception as e:  # noqa: BLE001 - record, say so, and go on with the next system
             report.doc.setdefault("errors", []).append({"system": label, "error": short_error(e)})
             report.save()
+            log(f"error: system {label!r} not measured: {short_error(e)}")
             continue
         if engine.policy is not None:
             engine.policy.decide = lambda sched: Decision("plain", 0)
         engines[label] = engine
     if not engines:
         report.save()
-        return
+        raise SystemExit(1)
     any_engine = next(iter(engines.values()))
     prompts = prompt_token_ids(any_engine.tokenizer, "gsm8k", 16, 256)
     stub_text = _stub_text(any_engine.tokenizer) if args.stub_model else None
@@ -326,6 +333,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     for stub in stubs:
         stub.remove()
     report.save()
+    if report.doc.get("errors"):
+        raise SystemExit(1)  # a requested system was not measured (its error is logged and in the JSON)
 
 
 def _stub_text(tokenizer: Any) -> list[int]:
