@@ -23,6 +23,7 @@ from triton.testing import do_bench
 
 from kernels import (
     attention,
+    attention_split,
     pack_masks,
     paged_attention_ref,
     paged_attention_triton,
@@ -120,7 +121,9 @@ def split_kv_sweep(json_path=None):
                 }
                 row["maxerr"] = round((fn().float() - ref).abs().max().item(), 5)
                 if splits is None:
-                    row["auto_splits"] = attention._num_splits((bs // 5 + bs) * 3, 1, torch.device(DEV))
+                    row["auto_splits"] = attention_split.num_splits_for(
+                        (bs // 5 + bs) * 3, 1, torch.device(DEV)
+                    )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if json_path:

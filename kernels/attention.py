@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import Backend, use_triton
+from .attention_split import merge_splits, num_splits_for
 from .attention_torch import _check_args, paged_attention_ref, paged_attention_torch
 
 # ---------------------------------------------------------------------------------------------
@@ -341,75 +342,15 @@ def _paged_attention_kernel(
             out.to(out_ptr.dtype.element_ty),
             mask=row_valid[:, None],
         )
-    else:  # partial results of this split; _merge_splits_kernel combines them
+    else:  # partial results of this split; attention_split.merge_splits combines them
         row = (q_tok * num_q_heads + q_head) * NUM_SPLITS + split  # [BLOCK_M] flat (token, head, split)
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_valid[:, None])
         tl.store(part_ml_ptr + row * 2, m_i, mask=row_valid)
         tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=row_valid)
 
 
-@triton.jit
-def _merge_splits_kernel(
-    out_ptr,  # [T, Hq, D]
-    part_out_ptr,  # [T, Hq, NUM_SPLITS, D] fp32
-    part_ml_ptr,  # [T, Hq, NUM_SPLITS, 2] fp32
-    num_q_heads,
-    o_stride_t,
-    o_stride_h,
-    HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-):
-    """Split-KV reduction (flash-decoding, Dao et al. 2023): ``out = sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p - M)
-    l_p`` with ``M = max_p m_p``, one program per (token, query head); zeros where no split saw a key."""
-    tok = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    offs_p = tl.arange(0, NUM_SPLITS)
-    offs_d = tl.arange(0, HEAD_DIM)
-    base = (tok * num_q_heads + head) * NUM_SPLITS
-    m = tl.load(part_ml_ptr + (base + offs_p) * 2)  # [NUM_SPLITS] (log2 domain; -inf: no key)
-    l = tl.load(part_ml_ptr + (base + offs_p) * 2 + 1)  # [NUM_SPLITS]
-    acc = tl.load(part_out_ptr + (base + offs_p)[:, None] * HEAD_DIM + offs_d[None, :])  # [NUM_SPLITS, D]
-    m_max = tl.max(m, 0)
-    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_safe)  # [NUM_SPLITS]; 0 for splits without keys
-    total = tl.sum(w * l, 0)
-    out = tl.sum(w[:, None] * acc, 0) / tl.where(total == 0.0, 1.0, total)  # [D]
-    tl.store(out_ptr + tok * o_stride_t + head * o_stride_h + offs_d, out.to(out_ptr.dtype.element_ty))
-
-
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-# Split-KV for grids too small to fill the GPU (decode at small batch): "auto", "0" (off) or a power of two.
-# Off by default until timed on the H200 (``python -m bench.kernels_bench --split-kv``): checked against the
-# reference under Triton's interpreter only so far; the merge kernel's launch may cost more than it saves at
-# short contexts.
-SPLIT_KV = os.environ.get("FLEXSPEC_SPLIT_KV", "0").lower()
-MAX_SPLITS = 16
-_SM_COUNT: dict[int, int] = {}
-
-
-def _num_splits(num_programs: int, max_query_len: int, device: torch.device) -> int:
-    """How many programs share each (query tile, KV head)'s context (split-KV, "flash-decoding": Dao, Haziza,
-    Massa, Sizov 2023). Without it a decode step at batch 1 runs ``Hkv`` programs (3 for the default model) that
-    each walk the whole context (an H200 decode step grew from 0.80 to 1.34 ms over ~800 more tokens of
-    context, session 18's ``bench.plain_overhead`` rounds; the attention kernel's share not yet profiled). Chosen from shapes only (CUDA
-    graphs) with ``FLEXSPEC_SPLIT_KV=auto``: doubled while the grid stays under two programs per SM, up to
-    ``MAX_SPLITS``, for queries of at most 16 tokens (decode, verification); 1 elsewhere and on CPU. ``0`` (the
-    default for now, see ``SPLIT_KV``) turns it off; a number forces that many splits."""
-    if SPLIT_KV != "auto":
-        return max(1, int(SPLIT_KV))
-    if device.type != "cuda" or max_query_len > 16:
-        return 1
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    target = 2 * _SM_COUNT[idx]
-    splits = 1
-    while splits < MAX_SPLITS and num_programs * splits * 2 <= target:
-        splits *= 2
-    return splits
 
 
 def _launch_config(max_query_len: int, num_queries_per_kv: int, head_dim: int) -> tuple[int, int, int, int]:
@@ -443,7 +384,7 @@ def paged_attention_triton(
 
     ``max_query_len`` (largest ``n_s``) only picks tile sizes; the grid is ``T // BLOCK_Q + S``
     programs per KV head whatever it is. If None, ``ceil(T / S)`` is used as the guess.
-    ``num_splits`` (a power of two; None: ``_num_splits``) splits each program's cached context over that
+    ``num_splits`` (a power of two; None: ``attention_split.num_splits_for``) splits each program's cached context over that
     many programs, whose partial softmax results a second kernel merges (split-KV).
     """
     _check_args(
@@ -470,7 +411,7 @@ def paged_attention_triton(
     mask_u8 = mask.view(torch.uint8) if has_mask else positions  # dummy pointer when unused
     num_q_tiles = num_tokens // block_q + num_seqs
     if num_splits is None:
-        num_splits = _num_splits(num_q_tiles * num_kv_heads, max_query_len, q.device)
+        num_splits = num_splits_for(num_q_tiles * num_kv_heads, max_query_len, q.device)
     if num_splits < 1 or num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two >= 1, got {num_splits}")
     part_out = part_ml = out  # dummy pointers when unused
@@ -510,10 +451,7 @@ def paged_attention_triton(
         num_warps=num_warps,
     )  # fmt: skip
     if num_splits > 1:
-        _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, part_out, part_ml, num_q_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, NUM_SPLITS=num_splits, num_warps=1 if head_dim <= 64 else 2,
-        )  # fmt: skip
+        merge_splits(out, part_out, part_ml)
     return out
 
 

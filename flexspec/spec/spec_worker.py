@@ -60,7 +60,7 @@ class SpecDecodeWorker:
         self.history: dict[int, list[int]] = {}  # seq id -> committed token ids (see token_source)
         # In one process with the engine (TP=1), its token list of a sequence by seq id (None once unknown):
         # launched plain steps then only mark the sequence ``stale`` and its history is taken from the engine
-        # when the drafter next reads it, instead of being extended at every plain step (history_of).
+        # when the drafter next reads it (``_commit``), instead of being extended at every plain step.
         self.token_source: Callable[[int], list[int] | None] | None = None
         self.stale: set[int] = set()  # seq ids whose ``history`` misses launched plain steps' tokens
         # seq id -> q [k, V] of its pending drafts, only for drafts sampled from a distribution (absent: none)
@@ -104,10 +104,9 @@ class SpecDecodeWorker:
             for sid in inp.seq_ids:
                 self.pending_probs.pop(sid, None)
         if self.token_source is not None:
-            if 0 in inp.context_lens:  # a prompt starts again (recomputed after preemption): as _commit does
-                known = self.history.keys() | self.stale
+            if 0 in inp.context_lens:  # a prompt starts (again, after preemption?): as _commit does
                 self._forget(
-                    [sid for sid, c in zip(inp.seq_ids, inp.context_lens) if c == 0 and sid in known]
+                    [sid for sid, c in zip(inp.seq_ids, inp.context_lens) if self._recomputed(sid, c)]
                 )
             self.stale.update(inp.seq_ids)
             return
@@ -137,10 +136,14 @@ class SpecDecodeWorker:
                 hist[pos] = tokens[row]
             row += 1
 
+    def _recomputed(self, sid: int, ctx: int) -> bool:
+        """A known sequence computed from position 0 again (preempted, recomputed): its state starts over."""
+        return ctx == 0 and (sid in self.history or sid in self.stale)
+
     def _commit(self, sid: int, ctx: int, committed: list[int]) -> list[int]:
         """Sequence ``sid``'s history cut to its ``ctx`` cached tokens (dropping rejected drafts and anything
         past the cache) plus this step's ``committed`` inputs; returns the history list."""
-        if ctx == 0 and sid in self.history:  # recomputed after preemption: start over
+        if self._recomputed(sid, ctx):
             self._forget([sid])
         if sid in self.stale:  # launched plain steps went by: the engine's tokens up to ctx are all real now
             self.stale.discard(sid)

@@ -198,7 +198,7 @@ SPLIT_CASES = {
         [1, 1, 1, 1],
         {"num_q_heads": 9, "num_kv_heads": 3, "head_dim": 64, "block_size": 16},
         {},
-    ),  # fmt: skip
+    ),
     "verify_long_window": ([520, 90], [5, 3], {"block_size": 16, "masks": "random"}, {"sliding_window": 300}),
 }
 
@@ -231,24 +231,24 @@ def test_split_kv_factor_from_shapes(monkeypatch):
     """With ``FLEXSPEC_SPLIT_KV=auto``, splits double while the grid stays under two programs per SM (132 here,
     an H200), at most 16, only for queries of <= 16 tokens on CUDA; never on a CPU; ``0`` turns them off and a
     number forces that many."""
-    from kernels import attention
+    from kernels import attention_split
 
-    assert attention.SPLIT_KV == os.environ.get(
+    assert attention_split.SPLIT_KV == os.environ.get(
         "FLEXSPEC_SPLIT_KV", "0"
     )  # off unless asked for (not timed yet)
-    monkeypatch.setattr(attention, "SPLIT_KV", "auto")
-    monkeypatch.setitem(attention._SM_COUNT, 0, 132)
+    monkeypatch.setattr(attention_split, "SPLIT_KV", "auto")
+    monkeypatch.setitem(attention_split._SM_COUNT, 0, 132)
     cuda = torch.device("cuda", 0)
-    assert attention._num_splits(3, 1, cuda) == 16  # batch 1, 3 KV heads
-    assert attention._num_splits(27, 1, cuda) == 8  # batch 8: 216 programs
-    assert attention._num_splits(57, 1, cuda) == 4  # batch 16
-    assert attention._num_splits(228, 1, cuda) == 1  # batch 64: the grid fills the GPU
-    assert attention._num_splits(3, 17, cuda) == 1  # prefill-sized queries
-    assert attention._num_splits(3, 1, torch.device("cpu")) == 1
-    monkeypatch.setattr(attention, "SPLIT_KV", "0")
-    assert attention._num_splits(3, 1, cuda) == 1
-    monkeypatch.setattr(attention, "SPLIT_KV", "4")
-    assert attention._num_splits(228, 1, cuda) == 4
+    assert attention_split.num_splits_for(3, 1, cuda) == 16  # batch 1, 3 KV heads
+    assert attention_split.num_splits_for(27, 1, cuda) == 8  # batch 8: 216 programs
+    assert attention_split.num_splits_for(57, 1, cuda) == 4  # batch 16
+    assert attention_split.num_splits_for(228, 1, cuda) == 1  # batch 64: the grid fills the GPU
+    assert attention_split.num_splits_for(3, 17, cuda) == 1  # prefill-sized queries
+    assert attention_split.num_splits_for(3, 1, torch.device("cpu")) == 1
+    monkeypatch.setattr(attention_split, "SPLIT_KV", "0")
+    assert attention_split.num_splits_for(3, 1, cuda) == 1
+    monkeypatch.setattr(attention_split, "SPLIT_KV", "4")
+    assert attention_split.num_splits_for(228, 1, cuda) == 4
     b = _make_batch([5], [1])
     with pytest.raises(ValueError, match="power of two"):
         paged_attention_triton(**b, num_splits=3)

@@ -1,0 +1,83 @@
+"""Split-KV ("flash-decoding": Dao, Haziza, Massa, Sizov 2023) for the paged attention kernel: how many programs
+share one (query tile, KV head)'s cached context, and the kernel that merges their partial softmax states.
+
+The split itself (each program walks a contiguous share of the context's key tiles and stores its unnormalized
+output, running max and sum) is in ``_paged_attention_kernel`` (``NUM_SPLITS``); see :mod:`kernels.attention`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Split-KV for grids too small to fill the GPU (decode at small batch): "auto", "0" (off) or a power of two.
+# Off by default until timed on the H200 (``python -m bench.kernels_bench --split-kv``): checked against the
+# reference under Triton's interpreter only so far; the merge kernel's launch may cost more than it saves at
+# short contexts.
+SPLIT_KV = os.environ.get("FLEXSPEC_SPLIT_KV", "0").lower()
+MAX_SPLITS = 16
+_SM_COUNT: dict[int, int] = {}
+
+
+def num_splits_for(num_programs: int, max_query_len: int, device: torch.device) -> int:
+    """How many programs share each (query tile, KV head)'s context (split-KV, "flash-decoding": Dao, Haziza,
+    Massa, Sizov 2023). Without it a decode step at batch 1 runs ``Hkv`` programs (3 for the default model) that
+    each walk the whole context (an H200 decode step grew from 0.80 to 1.34 ms over ~800 more tokens of
+    context, session 18's ``bench.plain_overhead`` rounds; the attention kernel's share not yet profiled).
+    Chosen from shapes only (CUDA graphs) with ``FLEXSPEC_SPLIT_KV=auto``: doubled while the grid stays under two programs per SM, up to
+    ``MAX_SPLITS``, for queries of at most 16 tokens (decode, verification); 1 elsewhere and on CPU. ``0`` (the
+    default for now, see ``SPLIT_KV``) turns it off; a number forces that many splits."""
+    if SPLIT_KV != "auto":
+        return max(1, int(SPLIT_KV))
+    if device.type != "cuda" or max_query_len > 16:
+        return 1
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    target = 2 * _SM_COUNT[idx]
+    splits = 1
+    while splits < MAX_SPLITS and num_programs * splits * 2 <= target:
+        splits *= 2
+    return splits
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr,  # [T, Hq, D]
+    part_out_ptr,  # [T, Hq, NUM_SPLITS, D] fp32
+    part_ml_ptr,  # [T, Hq, NUM_SPLITS, 2] fp32
+    num_q_heads,
+    o_stride_t,
+    o_stride_h,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    """Split-KV reduction (flash-decoding, Dao et al. 2023): ``out = sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p - M)
+    l_p`` with ``M = max_p m_p``, one program per (token, query head); zeros where no split saw a key."""
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_p = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    base = (tok * num_q_heads + head) * NUM_SPLITS
+    m = tl.load(part_ml_ptr + (base + offs_p) * 2)  # [NUM_SPLITS] (log2 domain; -inf: no key)
+    l = tl.load(part_ml_ptr + (base + offs_p) * 2 + 1)  # [NUM_SPLITS]
+    acc = tl.load(part_out_ptr + (base + offs_p)[:, None] * HEAD_DIM + offs_d[None, :])  # [NUM_SPLITS, D]
+    m_max = tl.max(m, 0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_safe)  # [NUM_SPLITS]; 0 for splits without keys
+    total = tl.sum(w * l, 0)
+    out = tl.sum(w[:, None] * acc, 0) / tl.where(total == 0.0, 1.0, total)  # [D]
+    tl.store(out_ptr + tok * o_stride_t + head * o_stride_h + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+def merge_splits(out: torch.Tensor, part_out: torch.Tensor, part_ml: torch.Tensor) -> None:
+    """Write ``out`` [T, Hq, D] from the splits' partial outputs ``part_out`` [T, Hq, P, D] fp32 and their running
+    max / sum ``part_ml`` [T, Hq, P, 2] fp32 (log2 domain), P a power of two."""
+    num_tokens, num_q_heads, num_splits, head_dim = part_out.shape
+    _merge_splits_kernel[(num_tokens, num_q_heads)](
+        out, part_out, part_ml, num_q_heads, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, NUM_SPLITS=num_splits, num_warps=1 if head_dim <= 64 else 2,
+    )  # fmt: skip
