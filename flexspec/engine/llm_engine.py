@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import itertools
 import random
 import time
@@ -11,10 +10,11 @@ from typing import Any
 
 from configs.engine import EngineConfig
 from configs.sampling import SamplingParams
+from flexspec.engine.async_scheduling import AsyncSchedulingMixin
 from flexspec.engine.block_manager import BlockManager
 from flexspec.engine.detokenizer import IncrementalDetokenizer, find_stop
 from flexspec.engine.executor import Executor, LocalExecutor
-from flexspec.engine.model_input import PLACEHOLDER_TOKEN_ID, ModelInput, ModelOutput
+from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.outputs import RequestOutput
 from flexspec.engine.scheduler import Scheduler, SchedulerOutput
 from flexspec.engine.sequence import Sequence, TokenLogprob
@@ -22,6 +22,7 @@ from flexspec.errors import ContextLengthExceededError, InvalidRequestError
 from flexspec.models.spec import ModelSpec
 from flexspec.spec.metrics import SpecDecodingMetrics
 from flexspec.spec.policy import Decision, SpeculationPolicy
+from flexspec.spec.warmup import profile_speculation
 
 
 @dataclass
@@ -64,7 +65,7 @@ class _Appended:
     stopped_by_token: bool = False  # the last id is EOS / a stop token id: kept in ids, not in text (vLLM)
 
 
-class LLMEngine:
+class LLMEngine(AsyncSchedulingMixin):
     """Continuous-batching generation engine.
 
     Usage: ``add_request`` any number of requests, then call ``step`` until ``has_unfinished`` is False;
@@ -250,104 +251,6 @@ class LLMEngine:
                 return [self._output(seq, [], "", [])]
             return []
         return sched, self.build_model_input(sched)
-
-    @property
-    def schedules_ahead(self) -> bool:
-        """Whether plain decode steps are scheduled and launched before the previous step's tokens are read
-        back (``EngineConfig.async_scheduling``, with overlapped output processing in one process). With a
-        drafter only plain steps that follow plain steps (the policy decided plain decoding) are."""
-        on = self.config.async_scheduling
-        if on is None:
-            on = getattr(self.executor, "device_type", "cpu") == "cuda"
-        return bool(on) and self.overlaps_output_processing
-
-    @staticmethod
-    def _is_plain(inp: ModelInput) -> bool:
-        """A step that verifies no drafts and proposes none: one sampled token per emitting sequence."""
-        return inp.num_speculative_tokens == 0 and not any(inp.num_draft_tokens)
-
-    def _schedule_ahead(self, st: _Step) -> SchedulerOutput:
-        """Apply the launched, uncollected step ``st`` provisionally and schedule the next step on top of it.
-
-        Each sequence that samples in ``st`` gets a placeholder id (its sampled id, read back later) and its
-        computed tokens advanced, exactly as ``_step`` would after collecting; one that certainly finishes
-        with ``st``'s token (it reaches ``max_tokens`` or ``max_model_len``) is held out of the running list
-        instead, so that nothing is computed for it. Returns the next step's batch (possibly empty); ``_step``
-        launches it at once when it is a pure decode step of ``st``'s sequences (ids gathered on the device),
-        otherwise after ``st`` is collected (``_step_after``). ``st`` must be a plain step (``_is_plain``)."""
-        max_model_len = self.config.max_model_len
-        held_out: list[int] = []
-        running = self.scheduler.running
-        for s, samples in zip(st.sched.scheduled, st.inp.samples):
-            seq = s.seq
-            if seq.is_finished:
-                continue
-            if not samples:
-                seq.num_computed_tokens += s.num_new_tokens
-            elif seq.num_output_tokens + 1 >= seq.params.max_tokens or len(seq) + 1 >= max_model_len:
-                held_out.append(seq.seq_id)
-                running.remove(seq)  # finished by _append_ids when st is collected
-            else:
-                seq.num_computed_tokens += s.num_new_tokens
-                seq.token_ids.append(PLACEHOLDER_TOKEN_ID)
-                # st proposes nothing: after it the sequence has no drafts (stale ones from an earlier step
-                # that st did not verify, e.g. for lack of token budget, must not be scheduled on top of it)
-                seq.draft_token_ids = []
-        st.provisional, st.held_out = True, frozenset(held_out)
-        # Never preempt here: a request that ends on EOS / a stop string with ``st``'s token still holds its
-        # blocks, so preempting now could evict a request that scheduling after ``st`` would keep; such a step
-        # is scheduled after ``st`` is applied instead (an empty batch makes ``_step_after`` schedule afresh).
-        sched = self.scheduler.schedule(preempt=False)
-        if sched is None:
-            self.stats.num_ahead_schedules_deferred += 1
-            return SchedulerOutput([], [])
-        self.stats.num_preemptions += len(sched.preempted)
-        return sched
-
-    def _launch_ahead(
-        self, st: _Step, sched: SchedulerOutput
-    ) -> tuple[SchedulerOutput, Decision | None] | None:
-        """Launch ``sched`` before ``st`` is collected if it is a plain pure decode step of sequences that
-        sample in ``st`` (their input ids: ``st``'s sampled ids, gathered on the device). Returns None when it
-        launched, else the batch and the policy's decision for it, for ``_step_after``."""
-        decision = self.policy.decide(sched) if self.policy is not None and sched.scheduled else None
-        if not sched.scheduled or st.inp.num_logprobs is not None:
-            return sched, decision
-        if decision is not None and decision.num_speculative_tokens:
-            return sched, decision  # speculation starts: its step is built on the real ids
-        rows: dict[int, int] = {}
-        for s, samples in zip(st.sched.scheduled, st.inp.samples):
-            if samples:
-                rows[s.seq.seq_id] = len(rows)
-        if not all(
-            s.num_new_tokens == 1 and s.num_draft_tokens == 0 and s.seq.seq_id in rows
-            for s in sched.scheduled
-        ):
-            return sched, decision
-        inp = self.build_model_input(sched, decision)
-        inp.prev_token_rows = [rows[s.seq.seq_id] for s in sched.scheduled]
-        if not self.executor.can_launch(inp):  # type: ignore[attr-defined]
-            raise RuntimeError("a plain decode step scheduled ahead cannot be launched")
-        self._inflight = self._start(sched, inp)
-        return None
-
-    def _step_after(self, sched: SchedulerOutput, decision: Decision | None) -> list[RequestOutput]:
-        """Launch the batch ``_schedule_ahead`` scheduled but could not launch early (with the policy's
-        ``decision`` for it), now that the previous step's tokens are applied; sequences that finished with
-        that step are dropped from it. Schedules afresh when nothing is left. Returns outputs to emit now (a
-        request that cannot run at all)."""
-        scheduled = [s for s in sched.scheduled if not s.seq.is_finished]
-        if scheduled:
-            sched = SchedulerOutput(scheduled, sched.preempted)
-            self._inflight = self._start(sched, self.build_model_input(sched, decision))
-            return []
-        if not self.scheduler.has_unfinished:
-            return []
-        nxt = self._schedule()
-        if isinstance(nxt, list):
-            return nxt
-        self._inflight = self._start(*nxt)
-        return []
 
     @property
     def overlaps_output_processing(self) -> bool:
@@ -563,72 +466,8 @@ class LLMEngine:
         return [final[i] for i in ids]
 
     def profile_speculation(self, steps_per_mode: int, max_batch_size: int | None = None) -> dict[str, float]:
-        """Warm-up profile of the per-batch execution policy (issue 6: "step times measured online, warm-up
-        profile at start"): at every batch-size bucket (1, 2, 4, ... up to ``max_batch_size``, default
-        ``max_num_seqs``; buckets whose requests would not fit the KV cache are skipped) run that many dummy
-        requests (greedy, EOS ignored) and time ``steps_per_mode`` decode steps of each execution mode the
-        policy can choose (forced), with the same per-step timing the policy uses online. Each (mode, bucket)
-        then starts from the median (``SpeculationPolicy.finish_profile``), so the policy need not explore
-        while serving. Engine statistics, speculative metrics and the seed stream are left as before.
-
-        Returns {"mode@bucket": median step time in ms}. Call before serving (no other requests queued)."""
-        policy = self.policy
-        if policy is None or self.has_unfinished:
-            raise RuntimeError("profile_speculation needs a speculative engine with no requests in flight")
-        cfg = self.config
-        prompt = self.encode(_PROFILE_PROMPT)
-        if getattr(self.tokenizer, "chat_template", None):
-            prompt = self.apply_chat_template([{"role": "user", "content": _PROFILE_PROMPT}])
-        k = policy.spec.num_speculative_tokens
-        modes = list(policy.options)
-        room = cfg.max_model_len - len(prompt) - 1
-        max_tokens = min(len(modes) * (steps_per_mode + 3) * (k + 1) + 8, room)
-        capacity = self.block_manager.num_free_blocks * cfg.kv_block_size
-        limit = min(max_batch_size or cfg.max_num_seqs, cfg.max_num_seqs)
-        sizes, b = [], 1
-        while b < 2 * limit and b > 0:
-            size = min(b, limit)
-            if max_tokens < 1 or size * (len(prompt) + max_tokens + 2 * cfg.kv_block_size) > capacity:
-                break
-            sizes.append(size)
-            b *= 2
-        if not sizes:  # the dummy request does not fit: the policy measures online only
-            return policy.finish_profile()
-        saved = (self._rng.getstate(), copy.deepcopy(self.stats), copy.deepcopy(self.spec_metrics))
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        ids: list[str] = []
-        try:
-            for size in sizes:
-                ids = [self.add_request(prompt, params, f"flexspec-profile-{size}-{i}") for i in range(size)]
-                policy.forced = modes[0]
-                while self.has_unfinished and any(  # prefill
-                    not self.seqs[i].output_token_ids for i in ids if i in self.seqs
-                ):
-                    self.step()
-                for mode in modes:
-                    policy.forced = mode
-                    for _ in range(steps_per_mode + 2):  # the first step after a switch is not recorded
-                        if not self.has_unfinished:
-                            break
-                        self.step()
-                for i in ids:
-                    self.abort(i)
-                while self.has_unfinished:
-                    self.step()
-        finally:
-            for i in ids:  # no-op unless a step raised
-                self.abort(i)
-            self._rng.setstate(saved[0])
-            self.stats, self.spec_metrics = saved[1], saved[2]
-            profile = policy.finish_profile()
-        return profile
+        """The policy's warm-up profile: see :func:`flexspec.spec.warmup.profile_speculation`."""
+        return profile_speculation(self, steps_per_mode, max_batch_size)
 
     def shutdown(self) -> None:
         self.executor.shutdown()
-
-
-# Dummy request of the warm-up profile: ordinary instruction-following text (not from any evaluation set).
-_PROFILE_PROMPT = (
-    "Explain step by step how to find the area of a triangle from the lengths of its three sides, then "
-    "write a short Python function that does it and test it on a right triangle with sides 3, 4 and 5."
-)

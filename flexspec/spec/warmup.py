@@ -1,0 +1,82 @@
+"""The per-batch execution policy's warm-up profile: each mode's decode-step time at every batch-size bucket,
+measured on dummy requests before serving (issue 6: "step times measured online, warm-up profile at start")."""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+from configs.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from flexspec.engine.llm_engine import LLMEngine
+
+# Dummy request of the warm-up profile: ordinary instruction-following text (not from any evaluation set).
+_PROFILE_PROMPT = (
+    "Explain step by step how to find the area of a triangle from the lengths of its three sides, then "
+    "write a short Python function that does it and test it on a right triangle with sides 3, 4 and 5."
+)
+
+
+def profile_speculation(
+    engine: LLMEngine, steps_per_mode: int, max_batch_size: int | None = None
+) -> dict[str, float]:
+    """Warm-up profile of the per-batch execution policy (issue 6: "step times measured online, warm-up
+    profile at start"): at every batch-size bucket (1, 2, 4, ... up to ``max_batch_size``, default
+    ``max_num_seqs``; buckets whose requests would not fit the KV cache are skipped) run that many dummy
+    requests (greedy, EOS ignored) and time ``steps_per_mode`` decode steps of each execution mode the
+    policy can choose (forced), with the same per-step timing the policy uses online. Each (mode, bucket)
+    then starts from the median (``SpeculationPolicy.finish_profile``), so the policy need not explore
+    while serving. Engine statistics, speculative metrics and the seed stream are left as before.
+
+    Returns {"mode@bucket": median step time in ms}. Call before serving (no other requests queued)."""
+    policy = engine.policy
+    if policy is None or engine.has_unfinished:
+        raise RuntimeError("profile_speculation needs a speculative engine with no requests in flight")
+    cfg = engine.config
+    prompt = engine.encode(_PROFILE_PROMPT)
+    if getattr(engine.tokenizer, "chat_template", None):
+        prompt = engine.apply_chat_template([{"role": "user", "content": _PROFILE_PROMPT}])
+    k = policy.spec.num_speculative_tokens
+    modes = list(policy.options)
+    room = cfg.max_model_len - len(prompt) - 1
+    max_tokens = min(len(modes) * (steps_per_mode + 3) * (k + 1) + 8, room)
+    capacity = engine.block_manager.num_free_blocks * cfg.kv_block_size
+    limit = min(max_batch_size or cfg.max_num_seqs, cfg.max_num_seqs)
+    sizes, b = [], 1
+    while b < 2 * limit and b > 0:
+        size = min(b, limit)
+        if max_tokens < 1 or size * (len(prompt) + max_tokens + 2 * cfg.kv_block_size) > capacity:
+            break
+        sizes.append(size)
+        b *= 2
+    if not sizes:  # the dummy request does not fit: the policy measures online only
+        return policy.finish_profile()
+    saved = (engine._rng.getstate(), copy.deepcopy(engine.stats), copy.deepcopy(engine.spec_metrics))
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    ids: list[str] = []
+    try:
+        for size in sizes:
+            ids = [engine.add_request(prompt, params, f"flexspec-profile-{size}-{i}") for i in range(size)]
+            policy.forced = modes[0]
+            while engine.has_unfinished and any(  # prefill
+                not engine.seqs[i].output_token_ids for i in ids if i in engine.seqs
+            ):
+                engine.step()
+            for mode in modes:
+                policy.forced = mode
+                for _ in range(steps_per_mode + 2):  # the first step after a switch is not recorded
+                    if not engine.has_unfinished:
+                        break
+                    engine.step()
+            for i in ids:
+                engine.abort(i)
+            while engine.has_unfinished:
+                engine.step()
+    finally:
+        for i in ids:  # no-op unless a step raised
+            engine.abort(i)
+        engine._rng.setstate(saved[0])
+        engine.stats, engine.spec_metrics = saved[1], saved[2]
+        profile = policy.finish_profile()
+    return profile
