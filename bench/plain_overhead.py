@@ -14,6 +14,8 @@ under torch.profiler: device time (sum of kernel durations) and kernels per step
 decides plain for every step (its policy's ``decide`` is replaced), so it still keeps its drafter's state up
 to date (DFlash: ``defer_context``) as it would between speculative stretches. JSON out, with the
 machine; the overhead is each system's time per step over the plain engine's at the same batch size.
+``--split-kv 0,auto`` builds one plain engine per split-KV setting instead (an in-process A/B of the attention
+kernel's split-KV path, :mod:`kernels.attention_split`, in interleaved rounds; ``--decode-first`` for long contexts).
 """
 
 from __future__ import annotations
@@ -239,16 +241,32 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         "--gpu-memory-utilization", type=float, default=None, help="Per engine (default: 0.85 / systems)."
     )
     ap.add_argument("--max-model-len", type=int, default=2048, help="Max prompt + output tokens per request.")
+    ap.add_argument(
+        "--split-kv",
+        type=lambda v: [x.strip().lower() for x in v.split(",") if x.strip()],
+        default=None,
+        help="Comma-separated FLEXSPEC_SPLIT_KV values (e.g. 0,auto): one plain engine each instead of one "
+        "plain engine, the first the baseline; the value is baked into each engine's CUDA graphs (decode steps).",
+    )
     ap.add_argument("--output", default=None, help="Results JSON (rewritten after every point).")
     args = ap.parse_args(argv)
+    for v in args.split_kv or []:
+        if v != "auto" and not (v.isdigit() and (int(v) == 0 or int(v) & (int(v) - 1) == 0) and int(v) <= 16):
+            raise SystemExit(f"error: --split-kv: {v!r} is not 'auto' or a power of two <= 16 (0 = off)")
 
     import statistics
 
     from configs import EngineConfig
     from flexspec.engine.llm_engine import LLMEngine
     from flexspec.spec.policy import Decision
+    from kernels import attention_split
 
-    systems = [{"label": "plain", "config": None}, *expand_configs(args.speculative_config, None)]
+    plain = [{"label": "plain", "config": None}]
+    if args.split_kv:
+        plain = [{"label": f"plain-split-kv-{v}", "config": None, "split_kv": v} for v in args.split_kv]
+    systems = [*plain, *expand_configs(args.speculative_config, None)]
+    plain_labels = {s["label"] for s in plain}
+    env_split_kv = attention_split.SPLIT_KV
     report = JsonReport(
         args.output,
         {
@@ -262,6 +280,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     engines: dict[str, Any] = {}  # every system's engine is kept: rounds interleave them
     for system in systems:
         label = system["label"]
+        # read when an engine captures its graphs; eager launches read it at call time (the env's value after)
+        attention_split.SPLIT_KV = system.get("split_kv", env_split_kv)
         try:
             engine = LLMEngine(
                 EngineConfig(
@@ -285,6 +305,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         if engine.policy is not None:
             engine.policy.decide = lambda sched: Decision("plain", 0)
         engines[label] = engine
+    attention_split.SPLIT_KV = env_split_kv
     if not engines:
         report.save()
         raise SystemExit(1)
@@ -315,7 +336,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                 "wall_ms_rounds": [round(x["wall_ms_per_step"], 4) for x in rounds[lb]],
                 **profile_steps(engines[lb], args.profile_steps, args.cprofile_steps),
             }
-            if lb == "plain":
+            if lb == labels[0] and lb in plain_labels:  # the plain engine (the first --split-kv value's)
                 base = point["wall_ms_per_step"]
             elif base:
                 point["vs_plain"] = round(point["wall_ms_per_step"] / base, 4)

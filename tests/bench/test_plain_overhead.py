@@ -58,3 +58,28 @@ def test_a_system_that_cannot_be_built_fails_the_run(tmp_path, capsys):
     assert "no-such-drafter" in capsys.readouterr().err
     doc = json.loads(out.read_text())
     assert [p["system"] for p in doc["points"]] == ["plain"] and doc["errors"][0]["system"]
+
+
+def test_split_kv_systems_each_capture_their_own_setting(tmp_path, monkeypatch):
+    from kernels import attention_split
+
+    seen: list[str] = []
+    from flexspec.engine import llm_engine  # plain_overhead imports LLMEngine inside main
+
+    real = llm_engine.LLMEngine.__init__
+
+    def init(self, *a, **kw):
+        seen.append(attention_split.SPLIT_KV)  # what this engine's graphs would be captured with
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(llm_engine.LLMEngine, "__init__", init)
+    before = attention_split.SPLIT_KV
+    out = tmp_path / "po.json"
+    plain_overhead.main([*ARGS, "--batch-sizes", "2", "--steps", "3", "--repeats", "2",
+                         "--split-kv", "0,auto", "--output", str(out)])  # fmt: skip
+    assert seen == ["0", "auto"] and attention_split.SPLIT_KV == before
+    a, b = json.loads(out.read_text())["points"]
+    assert (a["system"], b["system"]) == ("plain-split-kv-0", "plain-split-kv-auto")
+    assert b["vs_plain"] == pytest.approx(b["wall_ms_per_step"] / a["wall_ms_per_step"], rel=1e-3)
+    with pytest.raises(SystemExit, match="power of two"):
+        plain_overhead.main([*ARGS, "--split-kv", "3"])
