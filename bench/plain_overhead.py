@@ -33,7 +33,7 @@ from typing import Any
 os.environ.setdefault("TRITON_INTERPRET", "0")
 
 from bench.common import JsonReport, environment, int_list, log, prompt_token_ids, short_error
-from bench.spec_bench import expand_configs
+from bench.systems import expand_configs
 
 
 def _sync() -> None:
