@@ -319,7 +319,7 @@ def _paged_attention_kernel(
         m_i, l_i, acc = _online_softmax_step(scores, v, m_i, l_i, acc)
 
     # ---- 2. this step's new tokens, read from k / v, under the custom or causal mask (by the last split) ----
-    if NUM_SPLITS == 1:  # static: the unsplit kernel is the same code as before split-KV existed
+    if NUM_SPLITS == 1:  # noqa: SIM114 - static: the unsplit kernel stays the code it was before split-KV
         m_i, l_i, acc = _attend_step_tokens(
             m_i, l_i, acc, q, q_local, q_pos, row_valid, seq, q_start, q_len, q_block_local, kv_head,
             k_ptr, v_ptr, positions_ptr, mask_ptr, mask_start_loc_ptr,

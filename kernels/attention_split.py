@@ -13,11 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-# Split-KV for grids too small to fill the GPU (decode at small batch): "auto", "0" (off) or a power of two.
-# Off by default until timed on the H200 (``python -m bench.kernels_bench --split-kv``): checked against the
-# reference under Triton's interpreter only so far; the merge kernel's launch may cost more than it saves at
-# short contexts.
-SPLIT_KV = os.environ.get("FLEXSPEC_SPLIT_KV", "0").lower()
+# Split-KV for grids too small to fill the GPU (decode at small batch): "auto" (default), "0" (off) or a power of
+# two. H200, session 19 (``bench/results/h200-2026-12-03-s19/``): one attention launch at batch 1, context 128
+# / 2048: 5.9 / 39.2 us unsplit, 5.3 / 7.8 us with 16 splits; engine decode step at batch 1 0.71 ms at every
+# context against 0.82 -> 1.37 ms unsplit as outputs grew by 1,000 tokens.
+SPLIT_KV = os.environ.get("FLEXSPEC_SPLIT_KV", "auto").lower()
 MAX_SPLITS = 16
 _SM_COUNT: dict[int, int] = {}
 
@@ -25,11 +25,14 @@ _SM_COUNT: dict[int, int] = {}
 def num_splits_for(num_programs: int, max_query_len: int, device: torch.device) -> int:
     """How many programs share each (query tile, KV head)'s context (split-KV, "flash-decoding": Dao, Haziza,
     Massa, Sizov 2023). Without it a decode step at batch 1 runs ``Hkv`` programs (3 for the default model) that
-    each walk the whole context (an H200 decode step grew from 0.80 to 1.34 ms over ~800 more tokens of
-    context, session 18's ``bench.plain_overhead`` rounds; the attention kernel's share not yet profiled).
-    Chosen from shapes only (CUDA graphs) with ``FLEXSPEC_SPLIT_KV=auto``: doubled while the grid stays under two programs per SM, up to
-    ``MAX_SPLITS``, for queries of at most 16 tokens (decode, verification); 1 elsewhere and on CPU. ``0`` (the
-    default for now, see ``SPLIT_KV``) turns it off; a number forces that many splits."""
+    each walk the whole context (an H200 decode step grew from 0.82 to 1.37 ms over 1,000 more tokens of
+    context; 0.71 ms flat with splits, see ``SPLIT_KV``).
+    Chosen from shapes only (CUDA graphs) with ``FLEXSPEC_SPLIT_KV=auto`` (the default): doubled while the grid
+    stays under two programs per SM, up to ``MAX_SPLITS``, for queries of at most 16 tokens (decode,
+    verification); 1 elsewhere and on CPU. For the default model's decode steps on the H200 (132 SMs; the grid
+    counts ``T // BLOCK_Q + S`` query tiles x 3 KV heads): 16 splits at batch 1-4, 8 at 8, 4 at 16, 2 at 32, 1 at
+    64 (where 2 splits cost 30% more at a 128-token context and save 19% at 1,024). ``0`` turns it off; a number forces
+    that many splits."""
     if SPLIT_KV != "auto":
         return max(1, int(SPLIT_KV))
     if device.type != "cuda" or max_query_len > 16:

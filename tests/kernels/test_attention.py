@@ -233,9 +233,7 @@ def test_split_kv_factor_from_shapes(monkeypatch):
     number forces that many."""
     from kernels import attention_split
 
-    assert attention_split.SPLIT_KV == os.environ.get(
-        "FLEXSPEC_SPLIT_KV", "0"
-    )  # off unless asked for (not timed yet)
+    assert attention_split.SPLIT_KV == os.environ.get("FLEXSPEC_SPLIT_KV", "auto")  # on unless turned off
     monkeypatch.setattr(attention_split, "SPLIT_KV", "auto")
     monkeypatch.setitem(attention_split._SM_COUNT, 0, 132)
     cuda = torch.device("cuda", 0)
