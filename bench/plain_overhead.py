@@ -203,7 +203,7 @@ def profile_steps(engine: Any, profile_steps: int, cprofile_steps: int) -> dict[
     return point
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overhead") -> None:
     ap = argparse.ArgumentParser(
         prog=prog,
         description=__doc__.split("\n\n")[0],

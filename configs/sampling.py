@@ -15,8 +15,12 @@ class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_tokens: int = Field(16, gt=0, description="Maximum number of output tokens.")
-    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 = greedy; >0 scales logits.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass, in (0, 1].")
+    temperature: float = Field(
+        1.0, ge=0.0, le=100.0, allow_inf_nan=False, description="0 = greedy; >0 scales logits."
+    )
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus sampling mass, in (0, 1]."
+    )
     top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 or 0 = all.")
     seed: int | None = Field(None, description="Per-request RNG seed (reproducible sampling).")
     stop: list[str] = Field(default_factory=list, max_length=64, description="Stop strings (not returned).")

@@ -33,7 +33,7 @@ def generate(
     max_tokens: int = typer.Option(128, help="Maximum output tokens."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass in (0, 1]."),
-    top_k: int = typer.Option(-1, help="Top-k; -1 = off."),
+    top_k: int = typer.Option(-1, help="Top-k; -1 or 0 = off."),
     seed: int | None = typer.Option(None, help="Sampling seed."),
     stop: list[str] | None = typer.Option(None, help="Stop string (repeatable)."),
     chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the model's chat template."),

@@ -39,12 +39,19 @@ def test_prompt_longer_than_max_model_len(engine):
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -2}, "top_k"),
         ({"stop": [""]}, "stop"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": float("nan")}, "top_p"),
     ],
 )
 def test_bad_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(ValidationError) as e:
         SamplingParams(**kwargs)
     assert field in str(e.value)
+
+
+def test_nan_is_called_not_finite():  # not "should be <= 100" (its failed range check)
+    with pytest.raises(ValidationError, match="finite number"):
+        SamplingParams(temperature=float("nan"))
 
 
 def test_unknown_model_id():
