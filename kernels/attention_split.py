@@ -14,11 +14,16 @@ import triton
 import triton.language as tl
 
 # Split-KV for grids too small to fill the GPU (decode at small batch): "auto" (default), "0" (off) or a power of
-# two. H200, session 19 (``bench/results/h200-2026-12-03-s19/``): one attention launch at batch 1, context 128
-# / 2048: 5.9 / 39.2 us unsplit, 5.3 / 7.8 us with 16 splits; engine decode step at batch 1 0.71 ms at every
-# context against 0.82 -> 1.37 ms unsplit as outputs grew by 1,000 tokens.
+# two. H200, session 19 (``bench/results/h200-2026-12-03-s19/split-kv/``): one attention launch at batch 1,
+# context 128 / 2048: 5.9 / 39.2 us unsplit, 5.3 / 7.8 us with 16 splits; engine decode step at batch 1 0.71 ms
+# at every context against 0.82 -> 1.37 ms unsplit as outputs grew by 1,000 tokens.
 SPLIT_KV = os.environ.get("FLEXSPEC_SPLIT_KV", "auto").lower()
 MAX_SPLITS = 16
+# Engine decode steps on the H200 (session 19, ms per step over 3 rounds of 200 steps, 10 -> 610 output tokens):
+# b=64 1 split 1.23 / 1.40 / 1.58, 2 splits 1.23 / 1.34 / 1.47; b=32 2 splits 1.12 / 1.21 / 1.29, 4 splits
+# 1.11 / 1.16 / 1.21; b=16 4 and 8 splits within 1%; b=8 8 splits 0.97 / 1.01 / 1.03, unsplit 1.10 / 1.24 / 1.38.
+# At 2 programs per SM (the first rule) b=64 stayed unsplit and b=32 took 2.
+PROGRAMS_PER_SM = 4
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -28,11 +33,10 @@ def num_splits_for(num_programs: int, max_query_len: int, device: torch.device) 
     each walk the whole context (an H200 decode step grew from 0.82 to 1.37 ms over 1,000 more tokens of
     context; 0.71 ms flat with splits, see ``SPLIT_KV``).
     Chosen from shapes only (CUDA graphs) with ``FLEXSPEC_SPLIT_KV=auto`` (the default): doubled while the grid
-    stays under two programs per SM, up to ``MAX_SPLITS``, for queries of at most 16 tokens (decode,
-    verification); 1 elsewhere and on CPU. For the default model's decode steps on the H200 (132 SMs; the grid
-    counts ``T // BLOCK_Q + S`` query tiles x 3 KV heads): 16 splits at batch 1-4, 8 at 8, 4 at 16, 2 at 32, 1 at
-    64 (where 2 splits cost 30% more at a 128-token context and save 19% at 1,024). ``0`` turns it off; a number forces
-    that many splits."""
+    stays within ``PROGRAMS_PER_SM`` programs per SM, up to ``MAX_SPLITS``, for queries of at most 16 tokens
+    (decode, verification); 1 elsewhere and on CPU. For the default model's decode steps on the H200 (132 SMs; the
+    grid counts ``T // BLOCK_Q + S`` query tiles x 3 KV heads): 16 splits at batch 1-8, 8 at 16, 4 at 32, 2 at 64.
+    ``0`` turns it off; a number forces that many splits."""
     if SPLIT_KV != "auto":
         return max(1, int(SPLIT_KV))
     if device.type != "cuda" or max_query_len > 16:
@@ -40,7 +44,7 @@ def num_splits_for(num_programs: int, max_query_len: int, device: torch.device) 
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    target = 2 * _SM_COUNT[idx]
+    target = PROGRAMS_PER_SM * _SM_COUNT[idx]
     splits = 1
     while splits < MAX_SPLITS and num_programs * splits * 2 <= target:
         splits *= 2

@@ -228,7 +228,7 @@ def test_split_kv_bf16(device):
 
 
 def test_split_kv_factor_from_shapes(monkeypatch):
-    """With ``FLEXSPEC_SPLIT_KV=auto``, splits double while the grid stays under two programs per SM (132 here,
+    """With ``FLEXSPEC_SPLIT_KV=auto``, splits double while the grid stays within four programs per SM (132 here,
     an H200), at most 16, only for queries of <= 16 tokens on CUDA; never on a CPU; ``0`` turns them off and a
     number forces that many."""
     from kernels import attention_split
@@ -238,9 +238,11 @@ def test_split_kv_factor_from_shapes(monkeypatch):
     monkeypatch.setitem(attention_split._SM_COUNT, 0, 132)
     cuda = torch.device("cuda", 0)
     assert attention_split.num_splits_for(3, 1, cuda) == 16  # batch 1, 3 KV heads
-    assert attention_split.num_splits_for(27, 1, cuda) == 8  # batch 8: 216 programs
-    assert attention_split.num_splits_for(57, 1, cuda) == 4  # batch 16
-    assert attention_split.num_splits_for(228, 1, cuda) == 1  # batch 64: the grid fills the GPU
+    assert attention_split.num_splits_for(27, 1, cuda) == 16  # batch 8: 432 programs
+    assert attention_split.num_splits_for(57, 1, cuda) == 8  # batch 16
+    assert attention_split.num_splits_for(114, 1, cuda) == 4  # batch 32
+    assert attention_split.num_splits_for(228, 1, cuda) == 2  # batch 64
+    assert attention_split.num_splits_for(459, 1, cuda) == 1  # batch 128: the grid fills the GPU
     assert attention_split.num_splits_for(3, 17, cuda) == 1  # prefill-sized queries
     assert attention_split.num_splits_for(3, 1, torch.device("cpu")) == 1
     monkeypatch.setattr(attention_split, "SPLIT_KV", "0")
