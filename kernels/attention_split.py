@@ -17,8 +17,21 @@ import triton.language as tl
 # two. H200, session 19 (``bench/results/h200-2026-12-03-s19/split-kv/``): one attention launch at batch 1,
 # context 128 / 2048: 5.9 / 39.2 us unsplit, 5.3 / 7.8 us with 16 splits; engine decode step at batch 1 0.71 ms
 # at every context against 0.82 -> 1.37 ms unsplit as outputs grew by 1,000 tokens.
-SPLIT_KV = os.environ.get("FLEXSPEC_SPLIT_KV", "auto").lower()
 MAX_SPLITS = 16
+
+
+def parse_split_kv(value: str) -> str:
+    """A ``FLEXSPEC_SPLIT_KV`` value, normalized: "auto", "0" (off) or a power of two up to ``MAX_SPLITS``.
+    Raises ValueError naming the variable otherwise."""
+    v = value.strip().lower()
+    if v == "auto" or (v.isdigit() and int(v) <= MAX_SPLITS and int(v) & (int(v) - 1) == 0):
+        return str(int(v)) if v != "auto" else v
+    raise ValueError(
+        f"FLEXSPEC_SPLIT_KV={value!r}: expected 'auto', 0 (off) or a power of two <= {MAX_SPLITS}"
+    )
+
+
+SPLIT_KV = parse_split_kv(os.environ.get("FLEXSPEC_SPLIT_KV", "auto"))
 # Engine decode steps on the H200 (session 19, ms per step over 3 rounds of 200 steps, 10 -> 610 output tokens):
 # b=64 1 split 1.23 / 1.40 / 1.58, 2 splits 1.23 / 1.34 / 1.47; b=32 2 splits 1.12 / 1.21 / 1.29, 4 splits
 # 1.11 / 1.16 / 1.21; b=16 4 and 8 splits within 1%; b=8 8 splits 0.97 / 1.01 / 1.03, unsplit 1.10 / 1.24 / 1.38.

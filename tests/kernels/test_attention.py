@@ -249,6 +249,10 @@ def test_split_kv_factor_from_shapes(monkeypatch):
     assert attention_split.num_splits_for(3, 1, cuda) == 1
     monkeypatch.setattr(attention_split, "SPLIT_KV", "4")
     assert attention_split.num_splits_for(228, 1, cuda) == 4
+    assert [attention_split.parse_split_kv(v) for v in (" Auto", "0", "16", "08")] == ["auto", "0", "16", "8"]
+    for bad in ("3", "32", "-2", "on"):
+        with pytest.raises(ValueError, match="FLEXSPEC_SPLIT_KV"):
+            attention_split.parse_split_kv(bad)
     b = _make_batch([5], [1])
     with pytest.raises(ValueError, match="power of two"):
         paged_attention_triton(**b, num_splits=3)
