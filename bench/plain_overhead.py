@@ -15,7 +15,8 @@ decides plain for every step (its policy's ``decide`` is replaced), so it still 
 to date (DFlash: ``defer_context``) as it would between speculative stretches. JSON out, with the
 machine; the overhead is each system's time per step over the plain engine's at the same batch size.
 ``--split-kv 0,auto`` builds one plain engine per split-KV setting instead (an in-process A/B of the attention
-kernel's split-KV path, :mod:`kernels.attention_split`, in interleaved rounds; ``--decode-first`` for long contexts).
+kernel's split-KV path, :mod:`kernels.attention_split`, in interleaved rounds; ``--decode-first`` for long contexts);
+``--fused-decode 1,0`` likewise for the batch-1/2 decode fusions of :mod:`kernels.skinny_attention`.
 """
 
 from __future__ import annotations
@@ -213,6 +214,15 @@ def _split_kv_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _bool_list(text: str) -> list[bool]:
+    """``--fused-decode`` values: 1/0 (or on/off, true/false)."""
+    values = {"1": True, "on": True, "true": True, "0": False, "off": False, "false": False}
+    try:
+        return [values[v.strip().lower()] for v in text.split(",") if v.strip()]
+    except KeyError as e:
+        raise argparse.ArgumentTypeError(f"expected 1/0 values, got {e.args[0]!r}") from None
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overhead") -> None:
     ap = argparse.ArgumentParser(
         prog=prog,
@@ -258,6 +268,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
         help="Comma-separated FLEXSPEC_SPLIT_KV values (e.g. 0,auto): one plain engine each instead of one "
         "plain engine, the first the baseline; the value is baked into each engine's CUDA graphs (decode steps).",
     )
+    ap.add_argument(
+        "--fused-decode",
+        type=_bool_list,
+        default=None,
+        help="Comma-separated FLEXSPEC_FUSED_DECODE values (e.g. 1,0): one plain engine each (per --split-kv "
+        "value too), baked into its CUDA graphs: batch-1/2 decode with RoPE and the split-KV merge inside the "
+        "QKV and O GEMVs, or as launches of their own.",
+    )
     ap.add_argument("--output", default=None, help="Results JSON (rewritten after every point).")
     args = ap.parse_args(argv)
 
@@ -265,15 +283,27 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
 
     from configs import EngineConfig
     from flexspec.engine.llm_engine import LLMEngine
+    from flexspec.layers import fused
     from flexspec.spec.policy import Decision
     from kernels import attention_split
 
     plain = [{"label": "plain", "config": None}]
-    if args.split_kv:
-        plain = [{"label": f"plain-split-kv-{v}", "config": None, "split_kv": v} for v in args.split_kv]
+    if args.split_kv or args.fused_decode:
+        plain = [
+            {
+                "label": "plain"
+                + (f"-split-kv-{v}" if args.split_kv else "")
+                + (f"-fused-decode-{int(f)}" if args.fused_decode else ""),
+                "config": None,
+                "split_kv": v,
+                "fused_decode": f,
+            }
+            for v in args.split_kv or [None]
+            for f in args.fused_decode or [None]
+        ]
     systems = [*plain, *expand_configs(args.speculative_config, None)]
     plain_labels = {s["label"] for s in plain}
-    env_split_kv = attention_split.SPLIT_KV
+    env_split_kv, env_fused_decode = attention_split.SPLIT_KV, fused.DECODE_FUSIONS
     report = JsonReport(
         args.output,
         {
@@ -288,7 +318,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
     for system in systems:
         label = system["label"]
         # read when an engine captures its graphs; eager launches read it at call time (the env's value after)
-        attention_split.SPLIT_KV = system.get("split_kv", env_split_kv)
+        attention_split.SPLIT_KV = system.get("split_kv") or env_split_kv
+        fused.DECODE_FUSIONS = (
+            env_fused_decode if system.get("fused_decode") is None else system["fused_decode"]
+        )
         try:
             engine = LLMEngine(
                 EngineConfig(
@@ -312,7 +345,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
         if engine.policy is not None:
             engine.policy.decide = lambda sched: Decision("plain", 0)
         engines[label] = engine
-    attention_split.SPLIT_KV = env_split_kv
+    attention_split.SPLIT_KV, fused.DECODE_FUSIONS = env_split_kv, env_fused_decode
     if not engines:
         report.save()
         raise SystemExit(1)

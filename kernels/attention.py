@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import Backend, use_triton
-from .attention_split import merge_splits, num_splits_for
+from .attention_split import SplitKVPartials, merge_splits, num_splits_for
 from .attention_torch import _check_args, paged_attention_ref, paged_attention_torch
 
 # ---------------------------------------------------------------------------------------------
@@ -379,13 +379,16 @@ def paged_attention_triton(
     logits_soft_cap: float | None = None,
     max_query_len: int | None = None,
     num_splits: int | None = None,
-) -> torch.Tensor:  # [T, Hq, D]
+    merge: bool = True,
+) -> torch.Tensor | SplitKVPartials:  # [T, Hq, D]
     """Triton launcher of :func:`paged_attention`. Never reads tensor values on the host.
 
     ``max_query_len`` (largest ``n_s``) only picks tile sizes; the grid is ``T // BLOCK_Q + S``
     programs per KV head whatever it is. If None, ``ceil(T / S)`` is used as the guess.
     ``num_splits`` (a power of two; None: ``attention_split.num_splits_for``) splits each program's cached context over that
-    many programs, whose partial softmax results a second kernel merges (split-KV).
+    many programs, whose partial softmax results a second kernel merges (split-KV); with ``merge=False`` a split
+    launch returns them unmerged as :class:`~kernels.attention_split.SplitKVPartials` instead (for a consumer
+    that merges them itself, ``kernels.skinny_attention.skinny_merge_linear``).
     """
     _check_args(
         q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
@@ -451,6 +454,8 @@ def paged_attention_triton(
         num_warps=num_warps,
     )  # fmt: skip
     if num_splits > 1:
+        if not merge:
+            return SplitKVPartials(part_out, part_ml)
         merge_splits(out, part_out, part_ml)
     return out
 

@@ -8,6 +8,7 @@ output, running max and sum) is in ``_paged_attention_kernel`` (``NUM_SPLITS``);
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -29,6 +30,15 @@ def parse_split_kv(value: str) -> str:
     raise ValueError(
         f"FLEXSPEC_SPLIT_KV={value!r}: expected 'auto', 0 (off) or a power of two <= {MAX_SPLITS}"
     )
+
+
+class SplitKVPartials(NamedTuple):
+    """Split-KV attention's unmerged result (``paged_attention_triton(..., merge=False)``): partial outputs
+    ``part_out`` [T, Hq, P, D] fp32 (unnormalized) and running max / sum ``part_ml`` [T, Hq, P, 2] fp32 (log2
+    domain) of P splits, for a consumer that merges them itself (``kernels.skinny_attention``)."""
+
+    part_out: torch.Tensor
+    part_ml: torch.Tensor
 
 
 SPLIT_KV = parse_split_kv(os.environ.get("FLEXSPEC_SPLIT_KV", "auto"))

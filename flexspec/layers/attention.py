@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from kernels import paged_attention, store_kv_cache
+from kernels import paged_attention, paged_attention_triton, store_kv_cache
+from kernels.attention_split import SplitKVPartials
 
 
 @dataclass
@@ -66,11 +67,22 @@ class Attention(nn.Module):
         v: torch.Tensor,
         meta: AttentionMetadata,
         kv_stored: bool = False,
-    ) -> torch.Tensor:
+        merge: bool = True,
+    ) -> torch.Tensor | SplitKVPartials:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. ``kv_stored``: the caller already wrote k/v to the cache
-        (fused with RoPE)."""
+        (fused with RoPE). ``merge=False``: on the Triton path a split-KV launch returns its partial softmax
+        states unmerged (:class:`~kernels.attention_split.SplitKVPartials`) for a consumer that merges them
+        (``kernels.skinny_attention.skinny_merge_linear``); other paths return the output as usual."""
         if self.k_cache.numel() and not kv_stored:
             store_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        if not merge and q.is_cuda:
+            return paged_attention_triton(
+                q, k, v, self.k_cache, self.v_cache,
+                meta.block_tables, meta.context_lens, meta.query_start_loc, meta.positions,
+                scale=self.scale, sliding_window=self.sliding_window,
+                mask=meta.mask, mask_start_loc=meta.mask_start_loc,
+                logits_soft_cap=self.logits_soft_cap, max_query_len=meta.max_query_len, merge=False,
+            )  # fmt: skip
         return paged_attention(
             q,
             k,

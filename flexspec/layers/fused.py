@@ -35,6 +35,11 @@ elif SKINNY in ("1", "true", "yes"):
     SKINNY = "on"
 
 
+# Batch-1/2 decode: RoPE + KV-cache write folded into the QKV GEMV and split-KV attention's merge into the O GEMV
+# (``kernels.skinny_attention``, inside the skinny path). ``FLEXSPEC_FUSED_DECODE=0`` keeps their own launches (A/B).
+DECODE_FUSIONS = os.environ.get("FLEXSPEC_FUSED_DECODE", "1").lower() not in ("0", "false", "off", "no")
+
+
 def use_skinny(x: torch.Tensor, *params: torch.Tensor, max_rows: int | None = None) -> bool:
     """True when a decoder step over ``x`` [T, H] should use the skinny fused GEMMs: 0 < T <= ``max_rows`` (the
     measured limit in "auto" mode; at most ``kernels.skinny_linear.MAX_ROWS``), gradients off (inference /

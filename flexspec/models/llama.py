@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from flexspec.distributed import TPGroup
+from flexspec.layers import fused
 from flexspec.layers.activation import SiluAndMul
 from flexspec.layers.attention import Attention, AttentionMetadata
 from flexspec.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -16,6 +17,9 @@ from flexspec.layers.rotary import RotaryEmbedding
 from flexspec.models.features import FeatureCache, store_features
 from flexspec.models.side_stream import SideStream
 from flexspec.models.spec import ModelSpec
+from kernels.attention_split import SplitKVPartials
+from kernels.skinny_attention import MAX_ROWS as SKINNY_ATTENTION_ROWS
+from kernels.skinny_attention import skinny_merge_linear, skinny_qkv_rope
 from kernels.skinny_linear import skinny_linear
 
 
@@ -82,6 +86,46 @@ class LlamaAttention(nn.Module):
             o = attn(q, k, v, meta)
         return o.reshape(T, -1)
 
+    def decode_fusable(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`attend_decode` serves this step: <= ``kernels.skinny_attention.MAX_ROWS`` rows, a bound
+        contiguous KV cache, no q/k norms (they sit between the projection and RoPE), RoPE's Triton conditions,
+        and the decode fusions on (``flexspec.layers.fused.DECODE_FUSIONS``). Called inside the skinny path only."""
+        cache = self.attn.k_cache
+        return (
+            fused.DECODE_FUSIONS
+            and x.shape[0] <= SKINNY_ATTENTION_ROWS
+            and self.q_norm is None
+            and cache.numel() > 0
+            and cache.is_contiguous()
+            and self.attn.v_cache.is_contiguous()
+            and (self.head_dim // 2) & (self.head_dim // 2 - 1) == 0
+        )
+
+    def attend_decode(
+        self, x: torch.Tensor, meta: AttentionMetadata, norm: nn.Module
+    ) -> torch.Tensor | SplitKVPartials:
+        """``norm`` + QKV + RoPE + KV-cache write in one launch (``kernels.skinny_attention.skinny_qkv_rope``),
+        then attention over the residual stream ``x`` [T, H] (T <= 2), with split-KV partial states left
+        unmerged for the O launch to merge: [T, Hq * D] or :class:`~kernels.attention_split.SplitKVPartials`."""
+        T, attn = x.shape[0], self.attn
+        qkv = skinny_qkv_rope(
+            x, self.qkv_proj.weight, self.qkv_proj.bias, meta.positions, self.rotary.cos, self.rotary.sin,
+            self.num_heads, self.num_kv_heads,
+            norm_weight=norm.weight, eps=norm.eps, norm_offset=norm.offset,
+            k_cache=attn.k_cache, v_cache=attn.v_cache, slot_mapping=meta.slot_mapping,
+        )  # fmt: skip
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        o = attn(
+            q.view(T, self.num_heads, self.head_dim),
+            k.view(T, self.num_kv_heads, self.head_dim),
+            v.view(T, self.num_kv_heads, self.head_dim),
+            meta,
+            kv_stored=True,
+            merge=False,
+        )
+        return o if isinstance(o, SplitKVPartials) else o.reshape(T, -1)
+
 
 class LlamaMLP(nn.Module):
     def __init__(self, spec: ModelSpec, tp: TPGroup, act: nn.Module | None = None) -> None:
@@ -118,9 +162,14 @@ class LlamaDecoderLayer(nn.Module):
     def forward_skinny(self, h: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The layer over the residual stream ``h`` [T, H] (T <= ``kernels.skinny_linear.MAX_ROWS``), updated
         in place and returned: norm+QKV, RoPE+cache write, attention, O+residual, norm+gate-up+activation,
-        down+residual (6 launches on CUDA instead of 9). TP = 1 only (the residual adds follow O and down,
-        which at TP > 1 need their all-reduce first). Same rounding points as ``forward``."""
-        return self.skinny_after_attention(self.self_attn.attend(self.skinny_qkv(h), meta), h)
+        down+residual (6 launches on CUDA instead of 9). At <= ``kernels.skinny_attention.MAX_ROWS`` rows
+        (batch-1/2 decode) RoPE + cache write go into the QKV launch and split-KV attention's merge into the
+        O launch (4-5 launches). TP = 1 only (the residual adds follow O and down, which at TP > 1 need their
+        all-reduce first). Same rounding points as ``forward``."""
+        attn = self.self_attn
+        if attn.decode_fusable(h):
+            return self.skinny_after_attention(attn.attend_decode(h, meta, self.input_layernorm), h)
+        return self.skinny_after_attention(attn.attend(self.skinny_qkv(h), meta), h)
 
     def skinny_qkv(self, h: torch.Tensor) -> torch.Tensor:
         """norm + QKV in one launch: [T, H] -> [T, (Hq + 2 Hkv) * D]."""
@@ -134,11 +183,14 @@ class LlamaDecoderLayer(nn.Module):
             norm_offset=ln.offset,
         )
 
-    def skinny_after_attention(self, o: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """O + residual, norm + gate-up + activation, down + residual: attention output [T, Hq * D] into the
-        residual stream ``h`` [T, H] (in place; returned)."""
+    def skinny_after_attention(self, o: torch.Tensor | SplitKVPartials, h: torch.Tensor) -> torch.Tensor:
+        """O + residual, norm + gate-up + activation, down + residual: attention output [T, Hq * D] (or its
+        unmerged split-KV partial states) into the residual stream ``h`` [T, H] (in place; returned)."""
         attn, mlp, ln = self.self_attn, self.mlp, self.post_attention_layernorm
-        skinny_linear(o, attn.o_proj.weight, attn.o_proj.bias, residual=h)
+        if isinstance(o, SplitKVPartials):  # split-KV attention left unmerged (``attend_decode``)
+            skinny_merge_linear(o.part_out, o.part_ml, attn.o_proj.weight, attn.o_proj.bias, residual=h)
+        else:
+            skinny_linear(o, attn.o_proj.weight, attn.o_proj.bias, residual=h)
         act = skinny_linear(
             h,
             mlp.gate_up_proj.weight,

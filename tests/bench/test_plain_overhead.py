@@ -61,26 +61,39 @@ def test_a_system_that_cannot_be_built_fails_the_run(tmp_path, capsys):
 
 
 def test_split_kv_systems_each_capture_their_own_setting(tmp_path, monkeypatch, capsys):
+    from flexspec.layers import fused
     from kernels import attention_split
 
-    seen: list[str] = []
+    seen: list[tuple[str, bool]] = []
     from flexspec.engine import llm_engine  # plain_overhead imports LLMEngine inside main
 
     real = llm_engine.LLMEngine.__init__
 
     def init(self, *a, **kw):
-        seen.append(attention_split.SPLIT_KV)  # what this engine's graphs would be captured with
+        # what this engine's graphs would be captured with
+        seen.append((attention_split.SPLIT_KV, fused.DECODE_FUSIONS))
         real(self, *a, **kw)
 
     monkeypatch.setattr(llm_engine.LLMEngine, "__init__", init)
-    before = attention_split.SPLIT_KV
+    before = (attention_split.SPLIT_KV, fused.DECODE_FUSIONS)
     out = tmp_path / "po.json"
     plain_overhead.main([*ARGS, "--batch-sizes", "2", "--steps", "3", "--repeats", "2",
                          "--split-kv", "0,auto", "--output", str(out)])  # fmt: skip
-    assert seen == ["0", "auto"] and attention_split.SPLIT_KV == before
+    assert seen == [("0", before[1]), ("auto", before[1])]
+    assert (attention_split.SPLIT_KV, fused.DECODE_FUSIONS) == before
     a, b = json.loads(out.read_text())["points"]
     assert (a["system"], b["system"]) == ("plain-split-kv-0", "plain-split-kv-auto")
     assert b["vs_plain"] == pytest.approx(b["wall_ms_per_step"] / a["wall_ms_per_step"], rel=1e-3)
+    seen.clear()
+    plain_overhead.main([*ARGS, "--batch-sizes", "1", "--steps", "2", "--fused-decode", "0,on",
+                         "--output", str(out)])  # fmt: skip
+    assert seen == [(before[0], False), (before[0], True)]
+    assert (attention_split.SPLIT_KV, fused.DECODE_FUSIONS) == before
+    points = json.loads(out.read_text())["points"]
+    assert [p["system"] for p in points] == ["plain-fused-decode-0", "plain-fused-decode-1"]
+    with pytest.raises(SystemExit) as exc:
+        plain_overhead.main([*ARGS, "--fused-decode", "maybe"])
+    assert exc.value.code == 2 and "expected 1/0" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         plain_overhead.main([*ARGS, "--split-kv", "3"])
     assert exc.value.code == 2 and "power of two" in capsys.readouterr().err

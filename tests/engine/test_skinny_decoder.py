@@ -10,7 +10,7 @@ import torch
 from configs import EngineConfig, SamplingParams
 from flexspec.engine.llm_engine import LLMEngine
 from flexspec.layers import fused
-from flexspec.models.llama import LlamaDecoderLayer
+from flexspec.models.llama import LlamaAttention, LlamaDecoderLayer
 from tests.conftest import DEFAULT_MODEL, real_prompts
 from tests.spec.conftest import spec_engine
 
@@ -43,6 +43,29 @@ def test_plain_decode_through_skinny_path_is_exact(engine, case, skinny_calls, m
     assert [o.token_ids for o in engine.generate(prompts, params)] == want
     # 6 sequences decode together (6 rows), then fewer as they finish; 30 layers per step
     assert skinny_calls["n"] >= 30 * 19 and 6 in skinny_calls["rows"], skinny_calls
+
+
+def test_decode_fusions_at_batch_one_are_exact(engine, case, monkeypatch):
+    """Batch-1 decode takes ``LlamaAttention.attend_decode`` (norm + QKV + RoPE + cache write in one op, the O
+    projection merging split-KV states): through their torch references on CPU, the same tokens as the plain
+    engine, and the same with the fusions turned off."""
+    prompts, params, want = case
+    calls = {"n": 0}
+    fn = LlamaAttention.attend_decode
+
+    def counted(self, x, meta, norm):
+        calls["n"] += 1
+        assert x.shape[0] <= 2
+        return fn(self, x, meta, norm)
+
+    monkeypatch.setattr(LlamaAttention, "attend_decode", counted)
+    monkeypatch.setattr(fused, "SKINNY", "torch")
+    for on in (True, False):
+        monkeypatch.setattr(fused, "DECODE_FUSIONS", on)
+        calls["n"] = 0
+        got = [engine.generate([p], params)[0].token_ids for p in prompts[:2]]
+        assert got == want[:2]
+        assert (calls["n"] >= 30 * 19) if on else calls["n"] == 0, calls
 
 
 def test_dflash_verification_through_skinny_path_is_exact(case, skinny_calls, monkeypatch):
@@ -133,6 +156,27 @@ def test_skinny_path_on_gpu_matches_unfused_layers(case, dtype, skinny_calls, mo
         outs.append([o.token_ids for o in eng.generate(prompts, params)])
         del eng
     assert skinny_calls["n"] > 0  # captured into the decode graphs at least
+    if dtype == "float32":
+        assert outs[0] == outs[1]
+    else:
+        same = sum(a == b for a, b in zip(*outs))
+        assert same >= len(prompts) // 2, (same, outs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_fusions_on_gpu_match_their_own_launches(case, dtype, monkeypatch):
+    """Batch-1 and batch-2 decode with RoPE + cache write inside the QKV GEMV and split-KV merge inside the O
+    GEMV (``kernels.skinny_attention``) vs the same kernels as launches of their own, in CUDA graphs."""
+    prompts, params, _ = case
+    cfg = EngineConfig(model=DEFAULT_MODEL, max_model_len=1024, device="cuda", dtype=dtype, max_num_seqs=2)
+    monkeypatch.setattr(fused, "SKINNY", "on")
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(fused, "DECODE_FUSIONS", on)
+        eng = LLMEngine(cfg)
+        outs.append([o.token_ids for o in eng.generate(prompts, params)])
+        del eng
     if dtype == "float32":
         assert outs[0] == outs[1]
     else:

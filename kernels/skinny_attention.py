@@ -1,0 +1,498 @@
+"""The decode step's two GEMVs around attention, with attention's own small launches folded in.
+
+At one or two query rows (batch-1/2 decode) a layer's launches are latency-bound: ~1.3-3 us each whatever their
+work. ``kernels.skinny_linear`` already folds norms, activation and residual adds into the GEMVs; this module
+folds the two launches left around attention:
+
+- :func:`skinny_qkv_rope`: RMSNorm + QKV projection (the gemv form of ``kernels.skinny_linear``) with RoPE
+  (Su et al., arXiv 2104.09864, rotate-half layout) applied in the epilogue and the rotated keys and the values
+  written to the paged KV cache by slot mapping (as ``kernels.rotary``'s fused store; vLLM fuses RoPE and the
+  cache write the same way). Each program computes output features in (first-half, second-half) pairs of a
+  head, so both operands of a rotation are in its registers. Replaces ``kernels.rotary``'s launch.
+- :func:`skinny_merge_linear`: the O projection (+ residual) reading split-KV attention's partial softmax
+  states instead of a merged output: each program merges them first (flash-decoding, Dao, Haziza, Massa,
+  Sizov 2023; the arithmetic of ``kernels.attention_split``'s merge kernel). Replaces the merge launch.
+
+Same rounding points as the unfused kernels: the QKV product is rounded to the weight dtype before RoPE, the
+merged attention output before the O product, so the fused and unfused decoders agree to the last bit or
+nearly (the reductions' order may differ).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import Backend, use_triton
+from .attention_split import MAX_SPLITS
+from .norm import rms_norm_ref
+from .rotary import rotary_embedding_ref
+
+MAX_ROWS = 2  # rows of x one launch handles (the gemv form: weight tile in registers, rows looped)
+GEMV_TILE = 8192  # weight elements per program (as ``kernels.skinny_linear``'s gemv form)
+
+
+@triton.jit
+def _normed_row(x_ptr, nw, k_offs, k_mask, K, eps, NORM: tl.constexpr, W_DTYPE: tl.constexpr):
+    """One row of x [K] in fp32, RMS-normalized (rounded to the weight dtype like the unfused norm) when NORM."""
+    xf = tl.load(x_ptr + k_offs, mask=k_mask, other=0.0).to(tl.float32)
+    if NORM > 0:
+        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / K + eps)
+        xf = ((xf * rstd) * nw).to(W_DTYPE).to(tl.float32)
+    return xf
+
+
+@triton.jit
+def _qkv_rope_kernel(
+    x_ptr,  # [ROWS, K]
+    w_ptr,  # [N, K], N = (Hq + 2 Hkv) * D: q rows, then k rows, then v rows
+    b_ptr,  # [N] (HAS_BIAS)
+    nw_ptr,  # [K] (NORM > 0)
+    positions_ptr,  # [ROWS] int64
+    cos_ptr,  # [max_position, HALF] fp32
+    sin_ptr,
+    out_ptr,  # [ROWS, N]: q and k rotated, v as projected
+    k_cache_ptr,  # [num_slots, Hkv, D] contiguous (STORE_KV)
+    v_cache_ptr,
+    slot_mapping_ptr,  # [ROWS] int64, < 0 = do not cache (STORE_KV)
+    K,
+    num_q_heads,
+    num_kv_heads,
+    x_stride,
+    w_stride,
+    out_stride,
+    eps,
+    HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr,  # 0 none, 1 w, 2 (1 + w)
+    STORE_KV: tl.constexpr,
+    ROWS: tl.constexpr,
+    HALF: tl.constexpr,  # head_dim / 2
+    BLOCK_P: tl.constexpr,  # rotation pairs (or 2 * BLOCK_P value features) per program
+    BLOCK_K: tl.constexpr,  # >= K
+):
+    pid = tl.program_id(0)
+    rk = tl.arange(0, BLOCK_K)
+    k_mask = rk < K
+    nw = rk.to(tl.float32)  # placeholder when NORM == 0
+    if NORM > 0:
+        nw = tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
+        if NORM == 2:
+            nw = nw + 1.0
+    w_dtype = w_ptr.dtype.element_ty
+    dtype = out_ptr.dtype.element_ty
+    head_size = 2 * HALF
+    num_pairs = (num_q_heads + num_kv_heads) * HALF  # q and k features, as (d, d + HALF) pairs
+    rope_programs = tl.cdiv(num_pairs, BLOCK_P)
+    if pid < rope_programs:
+        j = pid * BLOCK_P + tl.arange(0, BLOCK_P)
+        valid = j < num_pairs
+        head = j // HALF  # 0 .. Hq + Hkv - 1 (q heads, then k heads)
+        d = j % HALF
+        c1 = head * head_size + d  # feature of the first half; its partner is c1 + HALF
+        mask2 = valid[:, None] & k_mask[None, :]
+        w1 = tl.load(w_ptr + c1[:, None].to(tl.int64) * w_stride + rk[None, :], mask=mask2, other=0.0)
+        w2 = tl.load(
+            w_ptr + (c1 + HALF)[:, None].to(tl.int64) * w_stride + rk[None, :], mask=mask2, other=0.0
+        )
+        w1 = w1.to(tl.float32)
+        w2 = w2.to(tl.float32)
+        if HAS_BIAS:
+            b1 = tl.load(b_ptr + c1, mask=valid, other=0.0).to(tl.float32)
+            b2 = tl.load(b_ptr + c1 + HALF, mask=valid, other=0.0).to(tl.float32)
+        is_k = valid & (head >= num_q_heads)
+        k_off = (head - num_q_heads) * head_size + d  # offset in a cache slot's [Hkv, D] (k heads only)
+        for m in tl.static_range(ROWS):
+            xf = _normed_row(x_ptr + m * x_stride, nw, rk, k_mask, K, eps, NORM, w_dtype)
+            y1 = tl.sum(w1 * xf[None, :], axis=1)
+            y2 = tl.sum(w2 * xf[None, :], axis=1)
+            if HAS_BIAS:
+                y1 += b1
+                y2 += b2
+            y1 = y1.to(dtype).to(tl.float32)  # the projection's output rounding, as unfused
+            y2 = y2.to(dtype).to(tl.float32)
+            pos = tl.load(positions_ptr + m)
+            cos = tl.load(cos_ptr + pos * HALF + d, mask=valid, other=0.0)
+            sin = tl.load(sin_ptr + pos * HALF + d, mask=valid, other=0.0)
+            o1 = (y1 * cos - y2 * sin).to(dtype)
+            o2 = (y2 * cos + y1 * sin).to(dtype)
+            tl.store(out_ptr + m * out_stride + c1, o1, mask=valid)
+            tl.store(out_ptr + m * out_stride + c1 + HALF, o2, mask=valid)
+            if STORE_KV:
+                slot = tl.load(slot_mapping_ptr + m)
+                if slot >= 0:
+                    base = k_cache_ptr + slot * (num_kv_heads * head_size)
+                    tl.store(base + k_off, o1.to(k_cache_ptr.dtype.element_ty), mask=is_k)
+                    tl.store(base + k_off + HALF, o2.to(k_cache_ptr.dtype.element_ty), mask=is_k)
+    else:  # value features: the plain product, also stored to the V cache
+        v_start = (num_q_heads + num_kv_heads) * head_size
+        v_size = num_kv_heads * head_size
+        # index of each of this program's features among the value features
+        f = (pid - rope_programs) * (2 * BLOCK_P) + tl.arange(0, 2 * BLOCK_P)
+        v_valid = f < v_size
+        c = v_start + f
+        w = tl.load(
+            w_ptr + c[:, None].to(tl.int64) * w_stride + rk[None, :],
+            mask=v_valid[:, None] & k_mask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        if HAS_BIAS:
+            b = tl.load(b_ptr + c, mask=v_valid, other=0.0).to(tl.float32)
+        for m in tl.static_range(ROWS):
+            xv = _normed_row(x_ptr + m * x_stride, nw, rk, k_mask, K, eps, NORM, w_dtype)
+            y = tl.sum(w * xv[None, :], axis=1)
+            if HAS_BIAS:
+                y += b
+            y = y.to(dtype)
+            tl.store(out_ptr + m * out_stride + c, y, mask=v_valid)
+            if STORE_KV:
+                v_slot = tl.load(slot_mapping_ptr + m)
+                if v_slot >= 0:
+                    tl.store(v_cache_ptr + v_slot * v_size + f, y.to(v_cache_ptr.dtype.element_ty), mask=v_valid)
+
+
+def _check_qkv_args(x, weight, bias, norm_weight, positions, cos, sin, num_q_heads, num_kv_heads) -> int:
+    """Validates shapes / dtypes / devices; returns head_dim."""
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if x.dtype != weight.dtype:
+        raise ValueError(f"x and weight must share a dtype, got {x.dtype} and {weight.dtype}")
+    heads = num_q_heads + 2 * num_kv_heads
+    if num_q_heads < 1 or num_kv_heads < 1 or weight.shape[0] % heads:
+        raise ValueError(
+            f"weight rows {weight.shape[0]} are not (Hq + 2 Hkv) * D for Hq={num_q_heads}, Hkv={num_kv_heads}"
+        )
+    head_dim = weight.shape[0] // heads
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if norm_weight is not None and norm_weight.shape != (x.shape[1],):
+        raise ValueError(f"norm_weight must be [{x.shape[1]}], got {tuple(norm_weight.shape)}")
+    if positions.shape != (x.shape[0],) or positions.dtype != torch.int64:
+        raise ValueError(
+            f"positions must be int64 [{x.shape[0]}], got {positions.dtype} {tuple(positions.shape)}"
+        )
+    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] * 2 != head_dim:
+        raise ValueError(f"cos/sin must be [max_position, D/2={head_dim // 2}], got {tuple(cos.shape)}")
+    devices = {t.device for t in (x, weight, bias, norm_weight, positions, cos, sin) if t is not None}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    return head_dim
+
+
+def skinny_qkv_rope_ref(
+    x: torch.Tensor,  # [M, K]
+    weight: torch.Tensor,  # [(Hq + 2 Hkv) * D, K]
+    bias: torch.Tensor | None,  # [(Hq + 2 Hkv) * D]
+    positions: torch.Tensor,  # [M] int64
+    cos: torch.Tensor,  # [max_position, D/2] fp32
+    sin: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    *,
+    norm_weight: torch.Tensor | None = None,  # [K]
+    eps: float = 1e-6,
+    norm_offset: bool = False,
+    k_cache: torch.Tensor | None = None,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,  # [M] int64, < 0 = do not cache
+) -> torch.Tensor:
+    """Plain-torch reference of :func:`skinny_qkv_rope`: norm, projection, RoPE and the cache write, unfused."""
+    head_dim = _check_qkv_args(x, weight, bias, norm_weight, positions, cos, sin, num_q_heads, num_kv_heads)
+    if norm_weight is not None:
+        x = rms_norm_ref(x, norm_weight, eps, norm_offset)
+    qkv = torch.nn.functional.linear(x, weight, bias)
+    m = x.shape[0]
+    q, k, v = qkv.split([num_q_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q, k = rotary_embedding_ref(
+        positions, q.reshape(m, num_q_heads, head_dim), k.reshape(m, num_kv_heads, head_dim), cos, sin
+    )
+    if k_cache is not None:
+        from .kv_cache import store_kv_cache_ref
+
+        store_kv_cache_ref(k, v.reshape(m, num_kv_heads, head_dim), k_cache, v_cache, slot_mapping)
+    return torch.cat([q.reshape(m, -1), k.reshape(m, -1), v], dim=-1)
+
+
+def skinny_qkv_rope_triton(
+    x: torch.Tensor,  # [M, K], M <= MAX_ROWS
+    weight: torch.Tensor,  # [(Hq + 2 Hkv) * D, K]
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,  # [M] int64
+    cos: torch.Tensor,  # [max_position, D/2] fp32, contiguous
+    sin: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    norm_offset: bool = False,
+    k_cache: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """``[q | k | v]`` [M, (Hq + 2 Hkv) * D] = ``rms_norm?(x) @ weight^T + bias`` with RoPE applied to the q and k
+    heads at ``positions``, and (with the caches) the rotated keys and the values written to the paged KV cache
+    ``[num_blocks, block_size, Hkv, D]`` at ``slot_mapping`` (negative: not cached), in one launch.
+
+    Triton launcher (:func:`skinny_qkv_rope` dispatches). Positions and slots are not range-checked (that would
+    sync). Raises ValueError for mismatched shapes, more than ``MAX_ROWS`` rows,
+    or a ``D / 2`` that is not a power of two."""
+    head_dim = _check_qkv_args(x, weight, bias, norm_weight, positions, cos, sin, num_q_heads, num_kv_heads)
+    m, k = x.shape
+    half = head_dim // 2
+    if m > MAX_ROWS:
+        raise ValueError(f"skinny_qkv_rope handles at most {MAX_ROWS} rows, got {m}")
+    if half & (half - 1):
+        raise ValueError(f"skinny_qkv_rope needs head_dim / 2 to be a power of two, got {half}")
+    store = k_cache is not None
+    if store:
+        if v_cache is None or slot_mapping is None:
+            raise ValueError("storing K/V needs k_cache, v_cache and slot_mapping together")
+        contiguous = k_cache.is_contiguous() and v_cache.is_contiguous()
+        if not contiguous or k_cache.shape[-2:] != (num_kv_heads, head_dim):
+            raise ValueError(
+                f"caches must be contiguous [..., {num_kv_heads}, {head_dim}], got {tuple(k_cache.shape)}"
+            )
+        if slot_mapping.shape != (m,) or slot_mapping.dtype != torch.int64:
+            raise ValueError(
+                f"slot_mapping must be int64 [{m}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
+            )
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if weight.stride(1) != 1 or not (cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("weight needs unit stride along K and cos/sin must be contiguous")
+    out = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    bk = triton.next_power_of_2(k)
+    block_p = max(1, min(32, GEMV_TILE // bk // 2))
+    num_pairs = (num_q_heads + num_kv_heads) * half
+    grid = (triton.cdiv(num_pairs, block_p) + triton.cdiv(num_kv_heads * head_dim, 2 * block_p),)
+    _qkv_rope_kernel[grid](
+        x, weight,
+        bias if bias is not None else out,
+        norm_weight if norm_weight is not None else out,
+        positions, cos, sin, out,
+        k_cache if store else out, v_cache if store else out, slot_mapping if store else positions,
+        k, num_q_heads, num_kv_heads,
+        x.stride(0), weight.stride(0), out.stride(0),
+        float(eps),
+        HAS_BIAS=bias is not None,
+        NORM=0 if norm_weight is None else (2 if norm_offset else 1),
+        STORE_KV=store,
+        ROWS=m, HALF=half, BLOCK_P=block_p, BLOCK_K=bk,
+        num_warps=num_warps,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _merge_linear_kernel(
+    part_out_ptr,  # [ROWS, Hq, NUM_SPLITS, D] fp32 unnormalized partial attention outputs
+    part_ml_ptr,  # [ROWS, Hq, NUM_SPLITS, 2] fp32 running max (log2 domain) and sum per split
+    w_ptr,  # [N, Hq * D]
+    b_ptr,  # [N] (HAS_BIAS)
+    res_ptr,  # [ROWS, N] (RESIDUAL; also the output)
+    out_ptr,  # [ROWS, N]
+    N,
+    num_q_heads,
+    w_stride,
+    out_stride,
+    HAS_BIAS: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # >= Hq
+    BLOCK_N: tl.constexpr,
+):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_p = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    n_mask = rn < N
+    h_mask = offs_h < num_q_heads
+    # weight tile [BLOCK_N, BLOCK_H, D]: input feature h * D + d of output feature n
+    w = tl.load(
+        w_ptr
+        + rn[:, None, None].to(tl.int64) * w_stride
+        + offs_h[None, :, None] * HEAD_DIM
+        + offs_d[None, None, :],
+        mask=n_mask[:, None, None] & h_mask[None, :, None],
+        other=0.0,
+    ).to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    for m in tl.static_range(ROWS):
+        # [BLOCK_H, NUM_SPLITS] flat (row, head, split) index
+        split_row = (m * num_q_heads + offs_h[:, None]) * NUM_SPLITS + offs_p[None, :]
+        mx = tl.load(part_ml_ptr + split_row * 2, mask=h_mask[:, None], other=float("-inf"))
+        ls = tl.load(part_ml_ptr + split_row * 2 + 1, mask=h_mask[:, None], other=0.0)
+        acc = tl.load(
+            part_out_ptr + split_row[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+            mask=h_mask[:, None, None],
+            other=0.0,
+        )  # [BLOCK_H, NUM_SPLITS, D]
+        m_max = tl.max(mx, 1)
+        m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+        wgt = tl.exp2(mx - m_safe[:, None])  # 0 for splits without keys
+        total = tl.sum(wgt * ls, 1)
+        x = tl.sum(wgt[:, :, None] * acc, 1) / tl.where(total == 0.0, 1.0, total)[:, None]  # [BLOCK_H, D]
+        x = x.to(dtype).to(tl.float32)  # the merged output's rounding, as unfused
+        y = tl.sum(tl.sum(w * x[None, :, :], axis=2), axis=1)
+        if HAS_BIAS:
+            y += bias
+        y = y.to(dtype)
+        if RESIDUAL:
+            r = tl.load(res_ptr + m * out_stride + rn, mask=n_mask, other=0.0)
+            y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
+        tl.store(out_ptr + m * out_stride + rn, y, mask=n_mask)
+
+
+def _check_merge_args(part_out, part_ml, weight, bias, residual) -> None:
+    if part_out.dim() != 4 or part_ml.shape != (*part_out.shape[:3], 2):
+        raise ValueError(
+            f"part_out must be [M, Hq, P, D] and part_ml [M, Hq, P, 2], got {tuple(part_out.shape)} and "
+            f"{tuple(part_ml.shape)}"
+        )
+    if part_out.dtype != torch.float32 or part_ml.dtype != torch.float32:
+        raise ValueError(f"partial states must be float32, got {part_out.dtype} and {part_ml.dtype}")
+    m, hq, _, d = part_out.shape
+    if weight.dim() != 2 or weight.shape[1] != hq * d:
+        raise ValueError(f"weight must be [N, Hq * D = {hq * d}], got {tuple(weight.shape)}")
+    n = weight.shape[0]
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias must be [{n}], got {tuple(bias.shape)}")
+    if residual is not None and (residual.shape != (m, n) or residual.dtype != weight.dtype):
+        raise ValueError(
+            f"residual must be [{m}, {n}] {weight.dtype}, got {tuple(residual.shape)} {residual.dtype}"
+        )
+    devices = {t.device for t in (part_out, part_ml, weight, bias, residual) if t is not None}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+
+
+def merge_splits_ref(part_out: torch.Tensor, part_ml: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Split-KV partial states ``part_out`` [M, Hq, P, D], ``part_ml`` [M, Hq, P, 2] (log2 domain) -> merged
+    attention output [M, Hq, D] in ``dtype``; zeros where no split saw a key (as the merge kernel)."""
+    mx, ls = part_ml[..., 0], part_ml[..., 1]
+    m_max = mx.amax(-1, keepdim=True)
+    w = torch.exp2(mx - torch.where(m_max == float("-inf"), 0.0, m_max))
+    total = (w * ls).sum(-1, keepdim=True)
+    return ((w.unsqueeze(-1) * part_out).sum(-2) / torch.where(total == 0, 1.0, total)).to(dtype)
+
+
+def skinny_merge_linear_ref(
+    part_out: torch.Tensor,
+    part_ml: torch.Tensor,
+    weight: torch.Tensor,  # [N, Hq * D]
+    bias: torch.Tensor | None = None,
+    *,
+    residual: torch.Tensor | None = None,  # [M, N], updated in place
+) -> torch.Tensor:
+    """Plain-torch reference of :func:`skinny_merge_linear`: merge, then the projection (+ residual)."""
+    _check_merge_args(part_out, part_ml, weight, bias, residual)
+    x = merge_splits_ref(part_out, part_ml, weight.dtype).reshape(part_out.shape[0], -1)
+    y = torch.nn.functional.linear(x, weight, bias)
+    return residual.add_(y) if residual is not None else y
+
+
+def skinny_merge_linear_triton(
+    part_out: torch.Tensor,  # [M, Hq, P, D] fp32, M <= MAX_ROWS, P a power of two <= attention_split.MAX_SPLITS
+    part_ml: torch.Tensor,  # [M, Hq, P, 2] fp32
+    weight: torch.Tensor,  # [N, Hq * D]
+    bias: torch.Tensor | None = None,  # [N]
+    *,
+    residual: torch.Tensor | None = None,  # [M, N]: residual += y in place, and returned
+    num_warps: int = 8,
+) -> torch.Tensor:
+    """``[residual +=] merge(part_out, part_ml) @ weight^T + bias``: the O projection of split-KV attention's
+    partial softmax states (``kernels.attention.paged_attention_triton(..., merge=False)``), merged in each
+    program (flash-decoding) instead of by a launch of their own. Returns [M, N] in the weight dtype.
+
+    Triton launcher (:func:`skinny_merge_linear` dispatches). Raises ValueError for mismatched shapes or
+    dtypes, more than ``MAX_ROWS`` rows, or a split count that is not a power of two up to ``MAX_SPLITS``."""
+    _check_merge_args(part_out, part_ml, weight, bias, residual)
+    m, hq, p, d = part_out.shape
+    if m > MAX_ROWS:
+        raise ValueError(f"skinny_merge_linear handles at most {MAX_ROWS} rows, got {m}")
+    if p & (p - 1) or p > MAX_SPLITS or d & (d - 1):
+        raise ValueError(
+            f"split count and head_dim must be powers of two (splits <= {MAX_SPLITS}), got {p}, {d}"
+        )
+    if not (part_out.is_contiguous() and part_ml.is_contiguous()) or weight.stride(1) != 1:
+        raise ValueError(
+            "partial states must be contiguous and weight needs unit stride along its input features"
+        )
+    n = weight.shape[0]
+    if residual is not None:
+        if not residual.is_contiguous():
+            raise ValueError("residual must be contiguous (it is updated in place)")
+        out = residual
+    else:
+        out = torch.empty((m, n), dtype=weight.dtype, device=weight.device)
+    if m == 0:
+        return out
+    block_h = triton.next_power_of_2(hq)
+    block_n = max(1, min(64, GEMV_TILE // (block_h * d)))
+    _merge_linear_kernel[(triton.cdiv(n, block_n),)](
+        part_out, part_ml, weight,
+        bias if bias is not None else out,
+        residual if residual is not None else out,
+        out,
+        n, hq, weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
+        ROWS=m, HEAD_DIM=d, NUM_SPLITS=p, BLOCK_H=block_h, BLOCK_N=block_n,
+        num_warps=num_warps,
+    )  # fmt: skip
+    return out
+
+
+def skinny_qkv_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    norm_offset: bool = False,
+    k_cache: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """RMSNorm + QKV + RoPE (+ KV-cache write) of ``x`` [M, K] -> ``[q | k | v]`` [M, (Hq + 2 Hkv) * D]; see
+    :func:`skinny_qkv_rope_triton` for the arguments. ``backend="auto"``: Triton on CUDA tensors, else the torch
+    reference. Not differentiable on the Triton path."""
+    kwargs = {
+        "norm_weight": norm_weight, "eps": eps, "norm_offset": norm_offset,
+        "k_cache": k_cache, "v_cache": v_cache, "slot_mapping": slot_mapping,
+    }  # fmt: skip
+    fn = skinny_qkv_rope_triton if use_triton(backend, x) else skinny_qkv_rope_ref
+    return fn(x, weight, bias, positions, cos, sin, num_q_heads, num_kv_heads, **kwargs)
+
+
+def skinny_merge_linear(
+    part_out: torch.Tensor,
+    part_ml: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Split-KV merge + O projection (+ residual, in place); see :func:`skinny_merge_linear_triton`.
+    ``backend="auto"``: Triton on CUDA tensors, else the torch reference."""
+    fn = skinny_merge_linear_triton if use_triton(backend, weight) else skinny_merge_linear_ref
+    return fn(part_out, part_ml, weight, bias, residual=residual)
