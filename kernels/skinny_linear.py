@@ -10,7 +10,10 @@ BLOCK_N output features, each streaming its [BLOCK_N, K] slice of ``W`` once. Ar
   ``act(x W_gate^T) * (x W_up^T)`` [M, d] (SwiGLU / GeGLU), both products rounded to the output dtype
   first, as ``kernels.activation`` does;
 - ``residual`` [M, N]: ``residual += y`` in place (``y`` rounded first, then the sum rounded once, like
-  ``kernels.norm``'s fused add), so a decoder layer's residual stream is updated where it lives.
+  ``kernels.norm``'s fused add), so a decoder layer's residual stream is updated where it lives;
+- ``capture`` (:class:`Capture`): the output rows also copied to a buffer and to a feature cache's rows by
+  slot mapping (a drafter's view of target hidden states, ``flexspec.models.features``), instead of a copy,
+  a concat and a scatter after the layer.
 
 At M <= 16 a product of a 135M model's layer is ~1-4 us and bound by launch latency, not by the weights'
 bytes; the unfused decoder spends 9 launches per layer (norm, QKV, RoPE, attention, O, norm, gate-up,
@@ -21,6 +24,7 @@ ROCm and TensorRT-LLM's fused GEMV epilogues.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +40,34 @@ GEMV_MAX_ROWS = 2  # up to this many rows: the gemv form (H200: faster than the 
 GEMV_MAX_K = 4096  # the gemv form holds a whole weight row slice [BLOCK_N, K] in registers
 GEMV_TILE = 8192  # weight elements per program in the gemv form (BLOCK_N = GEMV_TILE / K, padded)
 ACTIVATIONS = ("silu", "gelu_tanh")
+
+
+class Capture(NamedTuple):
+    """Where a skinny GEMM also writes its output rows ``y`` [M, N] (after the residual add): ``out`` [M, N]
+    (contiguous) and, with a ``cache`` [num_slots + 1, C], its columns ``col .. col + N`` at rows
+    ``slot_mapping`` [>= M] int64 (negative: the last row, scratch for padding), as
+    ``flexspec.models.features.FeatureCache.store`` writes them."""
+
+    out: torch.Tensor
+    cache: torch.Tensor | None = None
+    col: int = 0
+    slot_mapping: torch.Tensor | None = None
+
+
+@triton.jit
+def _store_capture(
+    y, m, rn, n_mask, cap_ptr, cap_stride, cache_ptr, cache_stride, cache_col, scratch_row, slot_ptr,
+    CAPTURE: tl.constexpr,
+):  # fmt: skip
+    """Capture epilogue: row ``m`` of the output (``y`` [BLOCK_N] at features ``rn``) to the capture buffer and,
+    with CAPTURE == 2, to its feature-cache row (the scratch row for a negative slot)."""
+    tl.store(cap_ptr + m * cap_stride + rn, y, mask=n_mask)
+    if CAPTURE == 2:
+        slot = tl.load(slot_ptr + m)
+        row = tl.where(slot >= 0, slot, scratch_row)
+        tl.store(
+            cache_ptr + row * cache_stride + cache_col + rn, y.to(cache_ptr.dtype.element_ty), mask=n_mask
+        )
 
 
 @triton.jit
@@ -55,6 +87,9 @@ def _skinny_linear_kernel(
     nw_ptr,  # [K] (NORM > 0)
     res_ptr,  # [M, N] (RESIDUAL; also the output)
     out_ptr,  # [M, N]
+    cap_ptr,  # [M, N] (CAPTURE)
+    cache_ptr,  # [num_slots + 1, C] (CAPTURE)
+    slot_ptr,  # [M] int64 (CAPTURE)
     M,
     N,
     K,
@@ -62,11 +97,16 @@ def _skinny_linear_kernel(
     w_stride,
     res_stride,
     out_stride,
+    cap_stride,
+    cache_stride,
+    cache_col,
+    scratch_row,
     eps,
     HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr,  # 0 none, 1 w, 2 (1 + w)
     ACT: tl.constexpr,  # -1 none, 0 silu, 1 gelu_tanh
     RESIDUAL: tl.constexpr,
+    CAPTURE: tl.constexpr,  # 0 none, 1 copy to cap_ptr, 2 also the feature-cache rows
     DOT: tl.constexpr,  # 0 native (bf16/fp16), 1 exact fp32 (no TF32), 2 upcast to fp32 (interpreter)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -119,6 +159,16 @@ def _skinny_linear_kernel(
         r = tl.load(r_ptrs, mask=mask, other=0.0)
         y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
     tl.store(out_ptr + rm[:, None].to(tl.int64) * out_stride + rn[None, :], y, mask=mask)
+    if CAPTURE > 0:
+        tl.store(cap_ptr + rm[:, None].to(tl.int64) * cap_stride + rn[None, :], y, mask=mask)
+    if CAPTURE == 2:
+        slots = tl.load(slot_ptr + rm, mask=m_mask, other=-1)
+        rows = tl.where(slots >= 0, slots, scratch_row)
+        tl.store(
+            cache_ptr + rows[:, None] * cache_stride + cache_col + rn[None, :],
+            y.to(cache_ptr.dtype.element_ty),
+            mask=mask,
+        )
 
 
 @triton.jit
@@ -129,17 +179,25 @@ def _skinny_gemv_kernel(
     nw_ptr,  # [K] (NORM > 0)
     res_ptr,  # [ROWS, N] (RESIDUAL; also the output)
     out_ptr,  # [ROWS, N]
+    cap_ptr,  # [ROWS, N] (CAPTURE)
+    cache_ptr,  # [num_slots + 1, C] (CAPTURE)
+    slot_ptr,  # [ROWS] int64 (CAPTURE)
     N,
     K,
     x_stride,
     w_stride,
     res_stride,
     out_stride,
+    cap_stride,
+    cache_stride,
+    cache_col,
+    scratch_row,
     eps,
     HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr,
     ACT: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    CAPTURE: tl.constexpr,  # 0 none, 1 copy to cap_ptr, 2 also the feature-cache rows
     ROWS: tl.constexpr,  # rows of x, each reusing the weight tile held in registers
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # >= K: the whole reduction in one load (one memory round trip per program)
@@ -179,6 +237,11 @@ def _skinny_gemv_kernel(
             r = tl.load(res_ptr + m * res_stride + rn, mask=n_mask, other=0.0)
             y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
         tl.store(out_ptr + m * out_stride + rn, y, mask=n_mask)
+        if CAPTURE > 0:
+            _store_capture(
+                y, m, rn, n_mask, cap_ptr, cap_stride, cache_ptr, cache_stride, cache_col, scratch_row, slot_ptr,
+                CAPTURE,
+            )  # fmt: skip
 
 
 def _check_args(
@@ -219,6 +282,46 @@ def _check_args(
     return n
 
 
+def _check_capture(capture: Capture | None, x: torch.Tensor, n: int, activation: str | None) -> None:
+    if capture is None:
+        return
+    out, cache, col, slots = capture
+    if activation is not None:
+        raise ValueError("capture does not combine with activation")
+    if out.shape != (x.shape[0], n) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(
+            f"capture.out must be contiguous [{x.shape[0]}, {n}] {x.dtype}, got {tuple(out.shape)}"
+        )
+    if cache is None:
+        if out.device != x.device:
+            raise ValueError("capture tensors must be on x's device")
+        return
+    if slots is None:
+        raise ValueError("capture.cache needs capture.slot_mapping")
+    if cache.dim() != 2 or not cache.is_contiguous() or not 0 <= col <= cache.shape[1] - n:
+        raise ValueError(
+            f"capture.cache must be contiguous [slots + 1, >= col + {n}], got {tuple(cache.shape)}"
+        )
+    if slots.shape[0] < x.shape[0] or slots.dtype != torch.int64:
+        raise ValueError(
+            f"capture.slot_mapping must be int64 [>= {x.shape[0]}], got {slots.dtype} {tuple(slots.shape)}"
+        )
+    if {t.device for t in (x, out, cache, slots)} != {x.device}:
+        raise ValueError("capture tensors must be on x's device")
+
+
+def _store_capture_ref(y: torch.Tensor, capture: Capture | None) -> None:
+    if capture is None:
+        return
+    out, cache, col, slots = capture
+    out.copy_(y)
+    if cache is None:
+        return
+    slots = slots[: y.shape[0]]
+    rows = torch.where(slots >= 0, slots, cache.shape[0] - 1)
+    cache[:, col : col + y.shape[1]].index_copy_(0, rows, y.to(cache.dtype))
+
+
 def skinny_linear_ref(
     x: torch.Tensor,  # [M, K]
     weight: torch.Tensor,  # [N, K] ([2N, K] with activation)
@@ -229,16 +332,19 @@ def skinny_linear_ref(
     norm_offset: bool = False,
     activation: str | None = None,
     residual: torch.Tensor | None = None,  # [M, N], updated in place
+    capture: Capture | None = None,
 ) -> torch.Tensor:
     """Plain-torch reference (and CPU path) of :func:`skinny_linear`: the unfused ops in their order."""
-    _check_args(x, weight, bias, norm_weight, residual, activation)
+    n = _check_args(x, weight, bias, norm_weight, residual, activation)
+    _check_capture(capture, x, n, activation)
     if norm_weight is not None:
         x = rms_norm_ref(x, norm_weight, eps, norm_offset)
     y = F.linear(x, weight, bias)
     if activation is not None:
         return act_and_mul_ref(y, activation)
     if residual is not None:
-        return residual.add_(y)
+        y = residual.add_(y)
+    _store_capture_ref(y, capture)
     return y
 
 
@@ -267,6 +373,7 @@ def skinny_linear_triton(
     norm_offset: bool = False,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    capture: Capture | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int = 4,
@@ -276,6 +383,7 @@ def skinny_linear_triton(
     rows looped; the default for <= ``GEMV_MAX_ROWS`` rows), ``"dot"`` (tensor-core tiles over K); ``block_n``
     / ``block_k`` / ``num_warps`` for tuning (``block_k`` is K itself, padded, in the gemv form)."""
     n = _check_args(x, weight, bias, norm_weight, residual, activation)
+    _check_capture(capture, x, n, activation)
     m, k = x.shape
     if m > MAX_ROWS:
         raise ValueError(f"skinny_linear_triton handles at most {MAX_ROWS} rows, got {m}")
@@ -292,6 +400,11 @@ def skinny_linear_triton(
     if m == 0:
         return out
     dummy = out
+    cap_out, cache, col, slots = capture if capture is not None else (dummy, None, 0, None)
+    cap_mode = 0 if capture is None else (1 if cache is None else 2)
+    cache, slots = (cache, slots) if cache is not None else (dummy, dummy)
+    cap_args = (cap_out, cache, slots)
+    cap_strides = (cap_out.stride(0), cache.stride(0), col, cache.shape[0] - 1)
     if variant is None:
         variant = "gemv" if m <= GEMV_MAX_ROWS and k <= GEMV_MAX_K else "dot"
     if variant == "gemv":
@@ -302,14 +415,15 @@ def skinny_linear_triton(
             bias if bias is not None else dummy,
             norm_weight if norm_weight is not None else dummy,
             residual if residual is not None else dummy,
-            out,
+            out, *cap_args,
             n, k,
-            x.stride(0), weight.stride(0), out.stride(0), out.stride(0),
+            x.stride(0), weight.stride(0), out.stride(0), out.stride(0), *cap_strides,
             float(eps),
             HAS_BIAS=bias is not None,
             NORM=0 if norm_weight is None else (2 if norm_offset else 1),
             ACT=-1 if activation is None else ACTIVATIONS.index(activation),
             RESIDUAL=residual is not None,
+            CAPTURE=cap_mode,
             ROWS=m, BLOCK_N=bn, BLOCK_K=bk,
             num_warps=num_warps,
         )  # fmt: skip
@@ -323,14 +437,15 @@ def skinny_linear_triton(
         bias if bias is not None else dummy,
         norm_weight if norm_weight is not None else dummy,
         residual if residual is not None else dummy,
-        out,
+        out, *cap_args,
         m, n, k,
-        x.stride(0), weight.stride(0), out.stride(0), out.stride(0),
+        x.stride(0), weight.stride(0), out.stride(0), out.stride(0), *cap_strides,
         float(eps),
         HAS_BIAS=bias is not None,
         NORM=0 if norm_weight is None else (2 if norm_offset else 1),
         ACT=-1 if activation is None else ACTIVATIONS.index(activation),
         RESIDUAL=residual is not None,
+        CAPTURE=cap_mode,
         DOT=_dot_mode(x),
         BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
         num_warps=num_warps,
@@ -348,6 +463,7 @@ def skinny_linear(
     norm_offset: bool = False,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    capture: Capture | None = None,
     backend: Backend = "auto",
 ) -> torch.Tensor:
     """``[residual +=] act?(rms_norm?(x) @ weight^T + bias)`` for ``x`` [M, K].
@@ -359,6 +475,8 @@ def skinny_linear(
         norm_weight: [K] RMSNorm weight applied to ``x`` first (``eps``, ``norm_offset``), or None.
         activation: None, ``"silu"`` or ``"gelu_tanh"``: output [M, d] = act(gate) * up.
         residual: [M, N] or None: ``residual += y`` in place and ``residual`` is returned.
+        capture: :class:`Capture` or None (not with ``activation``): the result also written to
+            ``capture.out`` and to ``capture.cache``'s columns ``col .. col + N`` at rows ``slot_mapping``.
 
     Returns:
         [M, N] (``[M, d]`` with ``activation``); ``residual`` itself when given.
@@ -374,6 +492,7 @@ def skinny_linear(
         "norm_offset": norm_offset,
         "activation": activation,
         "residual": residual,
+        "capture": capture,
     }
     if use_triton(backend, x):
         return skinny_linear_triton(x, weight, bias, **kwargs)

@@ -20,7 +20,7 @@ from flexspec.models.spec import ModelSpec
 from kernels.attention_split import SplitKVPartials
 from kernels.skinny_attention import MAX_ROWS as SKINNY_ATTENTION_ROWS
 from kernels.skinny_attention import skinny_merge_linear, skinny_qkv_rope
-from kernels.skinny_linear import skinny_linear
+from kernels.skinny_linear import Capture, skinny_linear
 
 
 class LlamaAttention(nn.Module):
@@ -159,17 +159,20 @@ class LlamaDecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm.forward_residual(x, residual)
         return self.mlp(x), residual
 
-    def forward_skinny(self, h: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward_skinny(
+        self, h: torch.Tensor, meta: AttentionMetadata, capture: Capture | None = None
+    ) -> torch.Tensor:
         """The layer over the residual stream ``h`` [T, H] (T <= ``kernels.skinny_linear.MAX_ROWS``), updated
         in place and returned: norm+QKV, RoPE+cache write, attention, O+residual, norm+gate-up+activation,
         down+residual (6 launches on CUDA instead of 9). At <= ``kernels.skinny_attention.MAX_ROWS`` rows
         (batch-1/2 decode) RoPE + cache write go into the QKV launch and split-KV attention's merge into the
-        O launch (4-5 launches). TP = 1 only (the residual adds follow O and down, which at TP > 1 need their
-        all-reduce first). Same rounding points as ``forward``."""
+        O launch (4-5 launches). ``capture``: the layer's output also copied out by the down GEMM (see
+        ``skinny_after_attention``). TP = 1 only (the residual adds follow O and down, which at TP > 1 need
+        their all-reduce first). Same rounding points as ``forward``."""
         attn = self.self_attn
         if attn.decode_fusable(h):
-            return self.skinny_after_attention(attn.attend_decode(h, meta, self.input_layernorm), h)
-        return self.skinny_after_attention(attn.attend(self.skinny_qkv(h), meta), h)
+            return self.skinny_after_attention(attn.attend_decode(h, meta, self.input_layernorm), h, capture)
+        return self.skinny_after_attention(attn.attend(self.skinny_qkv(h), meta), h, capture)
 
     def skinny_qkv(self, h: torch.Tensor) -> torch.Tensor:
         """norm + QKV in one launch: [T, H] -> [T, (Hq + 2 Hkv) * D]."""
@@ -183,9 +186,12 @@ class LlamaDecoderLayer(nn.Module):
             norm_offset=ln.offset,
         )
 
-    def skinny_after_attention(self, o: torch.Tensor | SplitKVPartials, h: torch.Tensor) -> torch.Tensor:
+    def skinny_after_attention(
+        self, o: torch.Tensor | SplitKVPartials, h: torch.Tensor, capture: Capture | None = None
+    ) -> torch.Tensor:
         """O + residual, norm + gate-up + activation, down + residual: attention output [T, Hq * D] (or its
-        unmerged split-KV partial states) into the residual stream ``h`` [T, H] (in place; returned)."""
+        unmerged split-KV partial states) into the residual stream ``h`` [T, H] (in place; returned). With
+        ``capture`` the down GEMM also writes the layer's output there (a copy, and a feature-cache row)."""
         attn, mlp, ln = self.self_attn, self.mlp, self.post_attention_layernorm
         if isinstance(o, SplitKVPartials):  # split-KV attention left unmerged (``attend_decode``)
             skinny_merge_linear(o.part_out, o.part_ml, attn.o_proj.weight, attn.o_proj.bias, residual=h)
@@ -199,7 +205,7 @@ class LlamaDecoderLayer(nn.Module):
             norm_offset=ln.offset,
             activation=mlp.act.activation,
         )
-        return skinny_linear(act, mlp.down_proj.weight, mlp.down_proj.bias, residual=h)
+        return skinny_linear(act, mlp.down_proj.weight, mlp.down_proj.bias, residual=h, capture=capture)
 
     def forward_with_side(
         self,
@@ -342,11 +348,18 @@ class LlamaForCausalLM(nn.Module):
             and use_skinny(x, max_rows=self.skinny_max_rows)
         ):
             h = x if inputs_embeds is None else x.clone()  # the residual stream, updated in place
+            cache = self.feature_cache
+            if cache is not None and tuple(capture_layers) != cache.layers:
+                cache = None
+            slots = meta.slot_mapping[: h.shape[0]]
             for i, layer in enumerate(self.layers):
-                layer.forward_skinny(h, meta)
-                if i in capture_layers:
-                    captured.append(h.clone())
-            store_features(self, captured, capture_layers, meta.slot_mapping)
+                capture = None
+                if i in capture_layers:  # the down GEMM copies the layer's output (and its feature-cache row)
+                    buf = torch.empty_like(h)
+                    captured.append(buf)
+                    col = (len(captured) - 1) * h.shape[1]
+                    capture = Capture(buf, cache.data, col, slots) if cache is not None else Capture(buf)
+                layer.forward_skinny(h, meta, capture)
             return self.norm(h), captured
         residual = None
         sx, sres = (side.hidden, None) if side is not None else (None, None)

@@ -21,10 +21,10 @@ def skinny_calls(monkeypatch):
     calls = {"n": 0, "rows": set()}
     layer_fn = LlamaDecoderLayer.forward_skinny
 
-    def counted(self, h, meta):
+    def counted(self, h, meta, capture=None):
         calls["n"] += 1
         calls["rows"].add(h.shape[0])
-        return layer_fn(self, h, meta)
+        return layer_fn(self, h, meta, capture)
 
     monkeypatch.setattr(LlamaDecoderLayer, "forward_skinny", counted)
     return calls

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.skinny_linear import MAX_ROWS, skinny_linear, skinny_linear_ref, skinny_linear_triton
+from kernels.skinny_linear import MAX_ROWS, Capture, skinny_linear, skinny_linear_ref, skinny_linear_triton
 
 TOL = {torch.float32: {"rtol": 1e-4, "atol": 1e-4}, torch.bfloat16: {"rtol": 2e-2, "atol": 6e-2}}
 
@@ -97,3 +97,42 @@ def test_skinny_linear_errors(device):
         skinny_linear_triton(x, w, variant="split_k")
     with pytest.raises(ValueError, match="at most 16 rows"):
         skinny_linear_triton(torch.randn(MAX_ROWS + 1, 32, device=device), w)
+
+
+@pytest.mark.parametrize("variant", ["gemv", "dot"])
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("with_cache", [True, False])
+def test_skinny_linear_capture(variant, rows, with_cache, device):
+    """``capture``: the output rows (after the residual add) copied to a buffer and to a feature cache's columns
+    at the slot mapping's rows, a negative slot going to the last (scratch) row; nothing else written."""
+    g = torch.Generator().manual_seed(11)
+    n, k, dtype = 40, 70, torch.bfloat16
+    x = torch.randn(rows, k, generator=g).to(device, dtype)
+    w = (torch.randn(n, k, generator=g) * k**-0.5).to(device, dtype)
+    res = torch.randn(rows, n, generator=g).to(device, dtype)
+    slots = torch.tensor([4, -1, 0][:rows], dtype=torch.int64, device=device)
+    caches, bufs = [], []
+    for _ in range(2):
+        caches.append(torch.zeros(6, 3 * n, dtype=dtype, device=device) if with_cache else None)
+        bufs.append(torch.full((rows, n), 7.0, dtype=dtype, device=device))
+    caps = [Capture(b, c, n, slots) if with_cache else Capture(b) for b, c in zip(bufs, caches)]
+    res_ref = res.clone()
+    want = skinny_linear_ref(x, w, residual=res_ref, capture=caps[0])
+    got = skinny_linear_triton(x, w, residual=res, capture=caps[1], variant=variant)
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    assert torch.equal(bufs[1], got) and torch.equal(bufs[0], want)
+    if with_cache:
+        torch.testing.assert_close(caches[1], caches[0], **TOL[dtype])
+        c = caches[1]
+        assert torch.equal(c[4, n : 2 * n], got[0])
+        if rows > 1:
+            assert torch.equal(c[5, n : 2 * n], got[1]) and torch.equal(c[0, n : 2 * n], got[2])
+        written = {4, 5, 0} if rows > 1 else {4}
+        untouched = [r for r in range(6) if r not in written]
+        assert not c[untouched].any() and not c[:, :n].any() and not c[:, 2 * n :].any()
+    with pytest.raises(ValueError, match="does not combine with activation"):
+        skinny_linear(
+            x, torch.randn(2 * n, k, device=device, dtype=dtype), activation="silu", capture=caps[1]
+        )
+    with pytest.raises(ValueError, match="capture.out must be"):
+        skinny_linear(x, w, capture=Capture(bufs[1][:, :5]))
