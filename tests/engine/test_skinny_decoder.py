@@ -133,13 +133,20 @@ def test_skinny_path_with_qkv_bias_and_qk_norms(engine, family, tmp_path, monkey
     monkeypatch.setattr(linear, "SKINNY_CPU_ROWS", (2, 0))  # F.linear everywhere
     prompts = [[1, 5, 9, 200, 31], [1, 77, 3], [1, 4000, 12, 12, 8, 9, 10]]
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    fused_calls = []
+    attend_decode = LlamaAttention.attend_decode
+    monkeypatch.setattr(
+        LlamaAttention, "attend_decode", lambda self, *a: fused_calls.append(1) or attend_decode(self, *a)
+    )
     runs = []
-    for mode in ("off", "torch"):
+    # 3 sequences a step (the skinny GEMMs), then 1 (also the batch-1 decode fusions: QKV bias + RoPE + cache)
+    for mode, seqs in (("off", 3), ("torch", 3), ("torch", 1)):
         monkeypatch.setattr(fused, "SKINNY", mode)
-        eng = LLMEngine(EngineConfig(model=str(tmp_path), max_model_len=256, device="cpu", max_num_seqs=3))
+        eng = LLMEngine(EngineConfig(model=str(tmp_path), max_model_len=256, device="cpu", max_num_seqs=seqs))
         outs = eng.generate(prompts, params)
         runs.append([o.token_ids for o in outs])
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
+    assert bool(fused_calls) == (family == "qwen2")  # Qwen3's q/k norms sit between QKV and RoPE: not fused
 
 
 @pytest.mark.gpu
