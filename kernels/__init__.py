@@ -6,6 +6,7 @@ the interpreter (``TRITON_INTERPRET=1`` set before ``triton`` is imported).
 """
 
 from .activation import act_and_mul, act_and_mul_ref, act_and_mul_triton
+from .argmax import argmax, argmax_triton
 from .attention import pack_masks, paged_attention, paged_attention_ref, paged_attention_triton
 from .expansion import MaskGroups, expand_mask_groups, expand_mask_groups_ref, expand_mask_groups_triton
 from .kv_cache import store_kv_cache, store_kv_cache_ref, store_kv_cache_triton
@@ -25,6 +26,8 @@ __all__ = [
     "act_and_mul",
     "act_and_mul_ref",
     "act_and_mul_triton",
+    "argmax",
+    "argmax_triton",
     "expand_mask_groups",
     "expand_mask_groups_ref",
     "expand_mask_groups_triton",

@@ -12,6 +12,8 @@ from functools import cached_property
 
 import torch
 
+from kernels.argmax import argmax
+
 _SEED_STRIDE = 1_000_003
 
 
@@ -118,11 +120,11 @@ def exponential_noise(shape: tuple[int, int], meta: SamplingMetadata, device: to
 def sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     """logits [N, V] -> token ids [N] int64. Greedy rows take argmax; others sample from ``target_probs``."""
     if meta.all_greedy:
-        return logits.argmax(dim=-1)
+        return argmax(logits)
     probs = target_probs(logits, meta)
     noise = exponential_noise(tuple(probs.shape), meta, logits.device)
-    sampled = (probs / noise).argmax(dim=-1)
-    return torch.where(meta.temperature == 0, logits.argmax(dim=-1), sampled)
+    sampled = argmax(probs / noise)
+    return torch.where(meta.temperature == 0, argmax(logits), sampled)
 
 
 def compute_logprobs(
