@@ -2,12 +2,15 @@
 
     TRITON_INTERPRET=0 python -m bench.kernels_bench [--sweep]
     TRITON_INTERPRET=0 python -m bench.kernels_bench --split-kv [--json out.json]
+    TRITON_INTERPRET=0 python -m bench.kernels_bench --argmax [--json out.json]
 
 Each attention line: Triton time, effective bandwidth (K/V bytes read once) and TFLOP/s, and the max
 abs difference to the torch reference. ``--sweep`` also times other tile configurations. ``--split-kv``
 only times decode attention of the default model's shape (9 query / 3 KV heads, D 64, bf16, block 16) at
 batch 1-64 and contexts 128-2048 with 1-16 splits and the launcher's own choice, as a decode step runs it:
-30 launches (one per layer) replayed in a CUDA graph, us per launch (median of 20 replays).
+30 launches (one per layer) replayed in a CUDA graph, us per launch (median of 20 replays). ``--argmax`` times
+greedy sampling's argmax over [N, 49152] fp32 logits (N = 1, 8, 64) in a CUDA graph: ``torch.argmax`` and
+``kernels.argmax`` at several tile widths and warp counts (each checked equal to torch's, ties included).
 """
 
 import json
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from kernels import (
+    argmax_triton,
     attention,
     attention_split,
     pack_masks,
@@ -135,12 +139,38 @@ def split_kv_sweep(json_path=None):
             )
 
 
+def argmax_sweep(json_path=None):
+    """Greedy argmax over [N, 49152] fp32 logits in a CUDA graph (us per call): torch vs ``kernels.argmax``."""
+    from flexspec.layers.fused import graph_time_us
+
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    for n in (1, 8, 64):
+        x = torch.randn(n, 49152, device=DEV) * 3
+        x[:, 777] = x[:, 40000] = 100.0  # a tie: the lowest index wins
+        want = x.argmax(-1)
+        row = {"torch_us": round(graph_time_us(lambda x=x: x.argmax(-1)), 2)}
+        for block in (1024, 2048, 4096, 8192):
+            for warps in (4, 8, 16):
+                fn = lambda x=x, b=block, w=warps: argmax_triton(x, b, w)
+                if not torch.equal(fn(), want):
+                    raise AssertionError(f"argmax_triton(block={block}, num_warps={warps}) != torch at N={n}")
+                row[f"b{block}_w{warps}_us"] = round(graph_time_us(fn), 2)
+        res[n] = row
+        print(n, row, flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def main():
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    i = sys.argv.index("--json") if "--json" in sys.argv else -1
     if "--split-kv" in sys.argv:
-        i = sys.argv.index("--json") if "--json" in sys.argv else -1
         split_kv_sweep(sys.argv[i + 1] if i >= 0 else None)
+        return
+    if "--argmax" in sys.argv:
+        argmax_sweep(sys.argv[i + 1] if i >= 0 else None)
         return
     hq, hkv, d = 32, 8, 128
 

@@ -1,14 +1,14 @@
 """Row-wise argmax of logits (greedy sampling) in one Triton launch.
 
 ``torch.argmax`` over one row of a 49,152-entry vocabulary runs one reduction kernel that took 13 us per decode
-step on the H200 (session 19 profile: the largest non-GEMM kernel of a batch-1 step after attention). Here one
+step on the H200 (session 19 profile: the longest single non-GEMM launch of a batch-1 step). Here one
 program per row streams the row in ``BLOCK``-wide tiles, keeping a running maximum and its first index per lane,
 then reduces the lanes: ties go to the lowest index, as ``torch.argmax`` does. NaN entries are skipped (torch
 would return a NaN's index); logits with NaN are a broken model either way.
 
-H200, session 20, in a CUDA graph (``bench/results/h200-2026-12-03-s20/argmax/argmax.json``), [N, 49152] fp32:
-torch 11.8 / 12.2 / 12.3 us at N = 1 / 8 / 64; this kernel with 8192-wide tiles and 8 warps 4.4 / 4.6 / 4.9 us
-(other tile / warp choices measured 4.7-18.9 us).
+H200, session 20, in a CUDA graph ([N, 49152] fp32; ``bench/results/h200-2026-12-03-s20/argmax/argmax.json``, the
+sweep ``python -m bench.kernels_bench --argmax`` runs): torch 11.8 / 12.2 / 12.3 us at N = 1 / 8 / 64, this kernel
+with 8192-wide tiles and 8 warps 4.4 / 4.6 / 4.9 us (other tile / warp choices: 4.7-18.9 us).
 """
 
 from __future__ import annotations
