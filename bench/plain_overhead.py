@@ -215,12 +215,16 @@ def _split_kv_list(text: str) -> list[str]:
 
 
 def _bool_list(text: str) -> list[bool]:
-    """``--fused-decode`` values: 1/0 (or on/off, true/false)."""
-    values = {"1": True, "on": True, "true": True, "0": False, "off": False, "false": False}
+    """``--fused-decode`` values, each read as ``FLEXSPEC_FUSED_DECODE`` is (1 / 0, on / off, ...)."""
+    from kernels._dispatch import EnvSettingError, env_flag
+
+    parts = [v.strip() for v in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated 1/0 values, got {text!r}")
     try:
-        return [values[v.strip().lower()] for v in text.split(",") if v.strip()]
-    except KeyError as e:
-        raise argparse.ArgumentTypeError(f"expected 1/0 values, got {e.args[0]!r}") from None
+        return [env_flag("--fused-decode", True, {"--fused-decode": v}) for v in parts]
+    except EnvSettingError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overhead") -> None:

@@ -69,9 +69,10 @@ def generate(
     if not prompt:
         _fail("prompt must not be empty")
 
-    from flexspec.engine.llm_engine import LLMEngine
-
     try:
+        # FLEXSPEC_* environment variables are read as the engine's modules are imported (some lazily, below)
+        from flexspec.engine.llm_engine import LLMEngine
+
         engine = LLMEngine(config)
         ids = (
             engine.apply_chat_template([{"role": "user", "content": prompt}])
@@ -84,6 +85,10 @@ def generate(
         elapsed = time.perf_counter() - t0
     except FlexspecError as e:
         _fail(e.message)
+    except ValueError as e:  # kernels._dispatch.EnvSettingError (its module may be the one that failed to import)
+        if not str(e).startswith("FLEXSPEC_"):
+            raise
+        _fail(str(e))
     result = {
         "text": out.text,
         "token_ids": out.token_ids,

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._dispatch import EnvSettingError
+
 # Split-KV for grids too small to fill the GPU (decode at small batch): "auto" (default), "0" (off) or a power of
 # two. H200, session 19 (``bench/results/h200-2026-12-03-s19/split-kv/``): one attention launch at batch 1,
 # context 128 / 2048: 5.9 / 39.2 us unsplit, 5.3 / 7.8 us with 16 splits; engine decode step at batch 1 0.71 ms
@@ -23,11 +25,11 @@ MAX_SPLITS = 16
 
 def parse_split_kv(value: str) -> str:
     """A ``FLEXSPEC_SPLIT_KV`` value, normalized: "auto", "0" (off) or a power of two up to ``MAX_SPLITS``.
-    Raises ValueError naming the variable otherwise."""
+    Raises EnvSettingError (a ValueError) naming the variable otherwise."""
     v = value.strip().lower()
     if v == "auto" or (v.isdigit() and int(v) <= MAX_SPLITS and int(v) & (int(v) - 1) == 0):
         return str(int(v)) if v != "auto" else v
-    raise ValueError(
+    raise EnvSettingError(
         f"FLEXSPEC_SPLIT_KV={value!r}: expected 'auto', 0 (off) or a power of two <= {MAX_SPLITS}"
     )
 

@@ -148,11 +148,26 @@ def _qkv_rope_kernel(
             if STORE_KV:
                 v_slot = tl.load(slot_mapping_ptr + m)
                 if v_slot >= 0:
-                    tl.store(v_cache_ptr + v_slot * v_size + f, y.to(v_cache_ptr.dtype.element_ty), mask=v_valid)
+                    tl.store(
+                        v_cache_ptr + v_slot * v_size + f, y.to(v_cache_ptr.dtype.element_ty), mask=v_valid
+                    )
 
 
-def _check_qkv_args(x, weight, bias, norm_weight, positions, cos, sin, num_q_heads, num_kv_heads) -> int:
-    """Validates shapes / dtypes / devices; returns head_dim."""
+def _check_qkv_args(
+    x,
+    weight,
+    bias,
+    norm_weight,
+    positions,
+    cos,
+    sin,
+    num_q_heads,
+    num_kv_heads,
+    k_cache,
+    v_cache,
+    slot_mapping,
+) -> int:
+    """Validates shapes / dtypes / devices (both paths); returns head_dim."""
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
         raise ValueError(
             f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
@@ -167,8 +182,10 @@ def _check_qkv_args(x, weight, bias, norm_weight, positions, cos, sin, num_q_hea
     head_dim = weight.shape[0] // heads
     if head_dim % 2:
         raise ValueError(f"head_dim must be even, got {head_dim}")
-    if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
+        raise ValueError(
+            f"bias must be [{weight.shape[0]}] {weight.dtype}, got {tuple(bias.shape)} {bias.dtype}"
+        )
     if norm_weight is not None and norm_weight.shape != (x.shape[1],):
         raise ValueError(f"norm_weight must be [{x.shape[1]}], got {tuple(norm_weight.shape)}")
     if positions.shape != (x.shape[0],) or positions.dtype != torch.int64:
@@ -177,7 +194,26 @@ def _check_qkv_args(x, weight, bias, norm_weight, positions, cos, sin, num_q_hea
         )
     if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] * 2 != head_dim:
         raise ValueError(f"cos/sin must be [max_position, D/2={head_dim // 2}], got {tuple(cos.shape)}")
-    devices = {t.device for t in (x, weight, bias, norm_weight, positions, cos, sin) if t is not None}
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        raise ValueError(f"cos/sin must be float32, got {cos.dtype} and {sin.dtype}")
+    given = [t is not None for t in (k_cache, v_cache, slot_mapping)]
+    if any(given) and not all(given):
+        raise ValueError("storing K/V needs k_cache, v_cache and slot_mapping together")
+    if all(given):
+        kv_shape = (num_kv_heads, head_dim)
+        if k_cache.shape != v_cache.shape or k_cache.dim() != 4 or tuple(k_cache.shape[-2:]) != kv_shape:
+            raise ValueError(
+                f"k_cache and v_cache must both be [num_blocks, block_size, {num_kv_heads}, {head_dim}], got "
+                f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+            )
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError("k_cache and v_cache must be contiguous")
+        if slot_mapping.shape != (x.shape[0],) or slot_mapping.dtype != torch.int64:
+            raise ValueError(
+                f"slot_mapping must be int64 [{x.shape[0]}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
+            )
+    tensors = (x, weight, bias, norm_weight, positions, cos, sin, k_cache, v_cache, slot_mapping)
+    devices = {t.device for t in tensors if t is not None}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
     return head_dim
@@ -200,8 +236,22 @@ def skinny_qkv_rope_ref(
     v_cache: torch.Tensor | None = None,
     slot_mapping: torch.Tensor | None = None,  # [M] int64, < 0 = do not cache
 ) -> torch.Tensor:
-    """Plain-torch reference of :func:`skinny_qkv_rope`: norm, projection, RoPE and the cache write, unfused."""
-    head_dim = _check_qkv_args(x, weight, bias, norm_weight, positions, cos, sin, num_q_heads, num_kv_heads)
+    """Plain-torch reference of :func:`skinny_qkv_rope`: norm, projection, RoPE and the cache write, unfused
+    (any row count and even head_dim)."""
+    head_dim = _check_qkv_args(
+        x,
+        weight,
+        bias,
+        norm_weight,
+        positions,
+        cos,
+        sin,
+        num_q_heads,
+        num_kv_heads,
+        k_cache,
+        v_cache,
+        slot_mapping,
+    )
     if norm_weight is not None:
         x = rms_norm_ref(x, norm_weight, eps, norm_offset)
     qkv = torch.nn.functional.linear(x, weight, bias)
@@ -219,20 +269,20 @@ def skinny_qkv_rope_ref(
 
 def skinny_qkv_rope_triton(
     x: torch.Tensor,  # [M, K], M <= MAX_ROWS
-    weight: torch.Tensor,  # [(Hq + 2 Hkv) * D, K]
-    bias: torch.Tensor | None,
+    weight: torch.Tensor,  # [(Hq + 2 Hkv) * D, K], unit stride along K
+    bias: torch.Tensor | None,  # [(Hq + 2 Hkv) * D], weight's dtype
     positions: torch.Tensor,  # [M] int64
-    cos: torch.Tensor,  # [max_position, D/2] fp32, contiguous
-    sin: torch.Tensor,
+    cos: torch.Tensor,  # [max_position, D/2] fp32
+    sin: torch.Tensor,  # [max_position, D/2] fp32
     num_q_heads: int,
     num_kv_heads: int,
     *,
-    norm_weight: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,  # [K]
     eps: float = 1e-6,
-    norm_offset: bool = False,
-    k_cache: torch.Tensor | None = None,
-    v_cache: torch.Tensor | None = None,
-    slot_mapping: torch.Tensor | None = None,
+    norm_offset: bool = False,  # Gemma's (1 + w)
+    k_cache: torch.Tensor | None = None,  # [num_blocks, block_size, Hkv, D] contiguous
+    v_cache: torch.Tensor | None = None,  # [num_blocks, block_size, Hkv, D] contiguous
+    slot_mapping: torch.Tensor | None = None,  # [M] int64, < 0 = do not cache
     num_warps: int = 4,
 ) -> torch.Tensor:
     """``[q | k | v]`` [M, (Hq + 2 Hkv) * D] = ``rms_norm?(x) @ weight^T + bias`` with RoPE applied to the q and k
@@ -240,9 +290,23 @@ def skinny_qkv_rope_triton(
     ``[num_blocks, block_size, Hkv, D]`` at ``slot_mapping`` (negative: not cached), in one launch.
 
     Triton launcher (:func:`skinny_qkv_rope` dispatches). Positions and slots are not range-checked (that would
-    sync). Raises ValueError for mismatched shapes, more than ``MAX_ROWS`` rows,
-    or a ``D / 2`` that is not a power of two."""
-    head_dim = _check_qkv_args(x, weight, bias, norm_weight, positions, cos, sin, num_q_heads, num_kv_heads)
+    sync); 1-D inputs are made contiguous. Raises ValueError for mismatched shapes, dtypes or devices, caches
+    given without each other or ``slot_mapping``, more than ``MAX_ROWS`` rows, or a ``D / 2`` that is not a
+    power of two."""
+    head_dim = _check_qkv_args(
+        x,
+        weight,
+        bias,
+        norm_weight,
+        positions,
+        cos,
+        sin,
+        num_q_heads,
+        num_kv_heads,
+        k_cache,
+        v_cache,
+        slot_mapping,
+    )
     m, k = x.shape
     half = head_dim // 2
     if m > MAX_ROWS:
@@ -250,22 +314,15 @@ def skinny_qkv_rope_triton(
     if half & (half - 1):
         raise ValueError(f"skinny_qkv_rope needs head_dim / 2 to be a power of two, got {half}")
     store = k_cache is not None
-    if store:
-        if v_cache is None or slot_mapping is None:
-            raise ValueError("storing K/V needs k_cache, v_cache and slot_mapping together")
-        contiguous = k_cache.is_contiguous() and v_cache.is_contiguous()
-        if not contiguous or k_cache.shape[-2:] != (num_kv_heads, head_dim):
-            raise ValueError(
-                f"caches must be contiguous [..., {num_kv_heads}, {head_dim}], got {tuple(k_cache.shape)}"
-            )
-        if slot_mapping.shape != (m,) or slot_mapping.dtype != torch.int64:
-            raise ValueError(
-                f"slot_mapping must be int64 [{m}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
-            )
     if x.stride(1) != 1:
         x = x.contiguous()
-    if weight.stride(1) != 1 or not (cos.is_contiguous() and sin.is_contiguous()):
-        raise ValueError("weight needs unit stride along K and cos/sin must be contiguous")
+    if weight.stride(1) != 1:
+        raise ValueError("weight needs unit stride along K")
+    # the kernel indexes these as dense: copies only when a caller passes a strided view
+    positions, cos, sin = positions.contiguous(), cos.contiguous(), sin.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    norm_weight = norm_weight.contiguous() if norm_weight is not None else None
+    slot_mapping = slot_mapping.contiguous() if slot_mapping is not None else None
     out = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
@@ -367,8 +424,8 @@ def _check_merge_args(part_out, part_ml, weight, bias, residual) -> None:
     if weight.dim() != 2 or weight.shape[1] != hq * d:
         raise ValueError(f"weight must be [N, Hq * D = {hq * d}], got {tuple(weight.shape)}")
     n = weight.shape[0]
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"bias must be [{n}], got {tuple(bias.shape)}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != weight.dtype):
+        raise ValueError(f"bias must be [{n}] {weight.dtype}, got {tuple(bias.shape)} {bias.dtype}")
     if residual is not None and (residual.shape != (m, n) or residual.dtype != weight.dtype):
         raise ValueError(
             f"residual must be [{m}, {n}] {weight.dtype}, got {tuple(residual.shape)} {residual.dtype}"
@@ -389,10 +446,10 @@ def merge_splits_ref(part_out: torch.Tensor, part_ml: torch.Tensor, dtype: torch
 
 
 def skinny_merge_linear_ref(
-    part_out: torch.Tensor,
-    part_ml: torch.Tensor,
+    part_out: torch.Tensor,  # [M, Hq, P, D] fp32
+    part_ml: torch.Tensor,  # [M, Hq, P, 2] fp32 (log2-domain running max, sum)
     weight: torch.Tensor,  # [N, Hq * D]
-    bias: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,  # [N]
     *,
     residual: torch.Tensor | None = None,  # [M, N], updated in place
 ) -> torch.Tensor:
@@ -422,7 +479,7 @@ def skinny_merge_linear_triton(
     m, hq, p, d = part_out.shape
     if m > MAX_ROWS:
         raise ValueError(f"skinny_merge_linear handles at most {MAX_ROWS} rows, got {m}")
-    if p & (p - 1) or p > MAX_SPLITS or d & (d - 1):
+    if p < 1 or p & (p - 1) or p > MAX_SPLITS or d & (d - 1):
         raise ValueError(
             f"split count and head_dim must be powers of two (splits <= {MAX_SPLITS}), got {p}, {d}"
         )
@@ -431,6 +488,7 @@ def skinny_merge_linear_triton(
             "partial states must be contiguous and weight needs unit stride along its input features"
         )
     n = weight.shape[0]
+    bias = bias.contiguous() if bias is not None else None
     if residual is not None:
         if not residual.is_contiguous():
             raise ValueError("residual must be contiguous (it is updated in place)")
@@ -472,9 +530,10 @@ def skinny_qkv_rope(
     slot_mapping: torch.Tensor | None = None,
     backend: Backend = "auto",
 ) -> torch.Tensor:
-    """RMSNorm + QKV + RoPE (+ KV-cache write) of ``x`` [M, K] -> ``[q | k | v]`` [M, (Hq + 2 Hkv) * D]; see
-    :func:`skinny_qkv_rope_triton` for the arguments. ``backend="auto"``: Triton on CUDA tensors, else the torch
-    reference. Not differentiable on the Triton path."""
+    """RMSNorm + QKV + RoPE (+ KV-cache write) of ``x`` [M, K] -> ``[q | k | v]`` [M, (Hq + 2 Hkv) * D]; the
+    arguments' shapes are :func:`skinny_qkv_rope_triton`'s. ``backend="auto"``: Triton on CUDA tensors, else
+    the torch reference. Both check shapes, dtypes and devices; only the Triton path limits rows to
+    ``MAX_ROWS`` and needs a power-of-two ``D / 2``. Not differentiable on the Triton path."""
     kwargs = {
         "norm_weight": norm_weight, "eps": eps, "norm_offset": norm_offset,
         "k_cache": k_cache, "v_cache": v_cache, "slot_mapping": slot_mapping,
@@ -492,7 +551,9 @@ def skinny_merge_linear(
     residual: torch.Tensor | None = None,
     backend: Backend = "auto",
 ) -> torch.Tensor:
-    """Split-KV merge + O projection (+ residual, in place); see :func:`skinny_merge_linear_triton`.
-    ``backend="auto"``: Triton on CUDA tensors, else the torch reference."""
+    """Split-KV merge + O projection (+ residual, in place): ``part_out`` [M, Hq, P, D] fp32, ``part_ml``
+    [M, Hq, P, 2] fp32, ``weight`` [N, Hq * D], ``bias`` [N], ``residual`` [M, N] -> [M, N].
+    ``backend="auto"``: Triton on CUDA tensors, else the torch reference. Both check shapes, dtypes and
+    devices; only the Triton path limits rows to ``MAX_ROWS`` and needs power-of-two P (<= ``MAX_SPLITS``) and D."""
     fn = skinny_merge_linear_triton if use_triton(backend, weight) else skinny_merge_linear_ref
     return fn(part_out, part_ml, weight, bias, residual=residual)

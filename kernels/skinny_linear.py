@@ -400,6 +400,11 @@ def skinny_linear_triton(
     if m == 0:
         return out
     dummy = out
+    # 1-D inputs indexed as dense by the kernels: copies only when a caller passes a strided view
+    bias = bias.contiguous() if bias is not None else None
+    norm_weight = norm_weight.contiguous() if norm_weight is not None else None
+    if capture is not None and capture.slot_mapping is not None:
+        capture = capture._replace(slot_mapping=capture.slot_mapping.contiguous())
     cap_out, cache, col, slots = capture if capture is not None else (dummy, None, 0, None)
     cap_mode = 0 if capture is None else (1 if cache is None else 2)
     cache, slots = (cache, slots) if cache is not None else (dummy, dummy)

@@ -11,9 +11,10 @@ import os
 
 import torch
 
+from kernels._dispatch import EnvSettingError, env_flag
 from kernels.skinny_linear import MAX_ROWS
 
-ENABLED = os.environ.get("FLEXSPEC_FUSED_KERNELS", "1").lower() not in ("0", "false", "off", "no")
+ENABLED = env_flag("FLEXSPEC_FUSED_KERNELS", True)
 
 
 def use_fused(x: torch.Tensor, *params: torch.Tensor) -> bool:
@@ -27,17 +28,21 @@ def use_fused(x: torch.Tensor, *params: torch.Tensor) -> bool:
 #   "auto": on CUDA, for the row counts where a start-up measurement found them faster (``skinny_max_rows``);
 #   "on": on CUDA for every step of <= 16 rows; "off": never;
 #   "torch": also on CPU, through their torch reference (tests use it to check the fused decoder's data flow).
-SKINNY = os.environ.get("FLEXSPEC_SKINNY_LINEAR", "auto").lower()
+SKINNY = os.environ.get("FLEXSPEC_SKINNY_LINEAR", "auto").strip().lower() or "auto"
 SKINNY_MIN_GAIN = 0.05  # "auto" takes the fused form where it measured >= 5% faster (timing noise)
 if SKINNY in ("0", "false", "no"):
     SKINNY = "off"
 elif SKINNY in ("1", "true", "yes"):
     SKINNY = "on"
+elif SKINNY not in ("auto", "on", "off", "torch"):
+    raise EnvSettingError(
+        f"FLEXSPEC_SKINNY_LINEAR={os.environ['FLEXSPEC_SKINNY_LINEAR']!r}: expected auto, on, off, torch, 1 or 0"
+    )
 
 
 # Batch-1/2 decode: RoPE + KV-cache write folded into the QKV GEMV and split-KV attention's merge into the O GEMV
 # (``kernels.skinny_attention``, inside the skinny path). ``FLEXSPEC_FUSED_DECODE=0`` keeps their own launches (A/B).
-DECODE_FUSIONS = os.environ.get("FLEXSPEC_FUSED_DECODE", "1").lower() not in ("0", "false", "off", "no")
+DECODE_FUSIONS = env_flag("FLEXSPEC_FUSED_DECODE", True)
 
 
 def use_skinny(x: torch.Tensor, *params: torch.Tensor, max_rows: int | None = None) -> bool:

@@ -91,9 +91,10 @@ def test_split_kv_systems_each_capture_their_own_setting(tmp_path, monkeypatch, 
     assert (attention_split.SPLIT_KV, fused.DECODE_FUSIONS) == before
     points = json.loads(out.read_text())["points"]
     assert [p["system"] for p in points] == ["plain-fused-decode-0", "plain-fused-decode-1"]
-    with pytest.raises(SystemExit) as exc:
-        plain_overhead.main([*ARGS, "--fused-decode", "maybe"])
-    assert exc.value.code == 2 and "expected 1/0" in capsys.readouterr().err
+    for bad, msg in (("maybe", "expected one of"), ("1,,0", "comma-separated"), ("", "comma-separated")):
+        with pytest.raises(SystemExit) as exc:
+            plain_overhead.main([*ARGS, "--fused-decode", bad])
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         plain_overhead.main([*ARGS, "--split-kv", "3"])
     assert exc.value.code == 2 and "power of two" in capsys.readouterr().err

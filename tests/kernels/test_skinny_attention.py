@@ -86,10 +86,38 @@ def test_qkv_rope_triton_matches_reference(hq, hkv, head_dim, k, rows, bias, dty
     assert torch.equal(k_flat[6].reshape(-1), got[0, q_size : q_size + kv_size])
     assert torch.equal(v_flat[6].reshape(-1), got[0, q_size + kv_size :])
     assert k_flat.abs().sum(-1).sum(-1).nonzero().flatten().tolist() == [6]
+    assert v_flat.abs().sum(-1).sum(-1).nonzero().flatten().tolist() == [6]
     torch.testing.assert_close(caches[2], caches[0], **TOL[dtype])
     torch.testing.assert_close(caches[3], caches[1], **TOL[dtype])
     # without caches: the same values, nothing stored
+    before = [c.clone() for c in caches[2:]]
     torch.testing.assert_close(skinny_qkv_rope_triton(*args, norm_weight=nw), got, rtol=0, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip(before, caches[2:]))
+
+
+def test_qkv_rope_strided_inputs(device):
+    """Views with strides (positions, slot mapping, bias, norm weight taken from wider tensors) give the
+    contiguous inputs' result and cache the same slots."""
+    g = torch.Generator().manual_seed(5)
+    hq, hkv, d, k = 2, 1, 16, 40
+    n = (hq + 2 * hkv) * d
+    x = torch.randn(2, k, generator=g).to(device)
+    w = (torch.randn(n, k, generator=g) * k**-0.5).to(device)
+    bias2 = torch.randn(n, 2, generator=g).to(device)
+    nw2 = (1 + 0.3 * torch.randn(k, 2, generator=g)).to(device)
+    pos2 = torch.tensor([[3, 0], [5, 0]], dtype=torch.int64, device=device)
+    slots2 = torch.tensor([[1, 9], [6, 9]], dtype=torch.int64, device=device)
+    cos, sin = (t.to(device) for t in _rope_tables(8, d))
+    outs, caches = [], []
+    for strided in (True, False):
+        kc, vc = (torch.zeros(2, 4, hkv, d, device=device) for _ in range(2))
+        pick = (lambda t: t[:, 0]) if strided else (lambda t: t[:, 0].contiguous())
+        outs.append(skinny_qkv_rope_triton(x, w, pick(bias2), pick(pos2), cos, sin, hq, hkv, norm_weight=pick(nw2),
+                                           k_cache=kc, v_cache=vc, slot_mapping=pick(slots2)))  # fmt: skip
+        caches.append((kc, vc))
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip(*caches))
+    assert caches[0][0].view(-1, hkv, d).abs().sum((1, 2)).nonzero().flatten().tolist() == [1, 6]
 
 
 def test_qkv_rope_dispatch_and_errors(device):
@@ -108,10 +136,26 @@ def test_qkv_rope_dispatch_and_errors(device):
         skinny_qkv_rope_triton(torch.randn(3, 32, device=device), w, None, pos.repeat(3), cos, sin, 3, 1)
     with pytest.raises(ValueError, match="positions must be int64"):
         skinny_qkv_rope_triton(x, w, None, pos.int(), cos, sin, 3, 1)
+    kc = torch.zeros(2, 4, 1, 16, device=device)
+    slots = torch.zeros(1, dtype=torch.int64, device=device)
     with pytest.raises(ValueError, match="together"):
-        skinny_qkv_rope_triton(
-            x, w, None, pos, cos, sin, 3, 1, k_cache=torch.zeros(2, 1, 1, 16, device=device)
-        )
+        skinny_qkv_rope_triton(x, w, None, pos, cos, sin, 3, 1, k_cache=kc)
+    with pytest.raises(ValueError, match="together"):  # a V cache alone would silently cache nothing
+        skinny_qkv_rope(x, w, None, pos, cos, sin, 3, 1, v_cache=kc, slot_mapping=slots, backend="torch")
+    with pytest.raises(ValueError, match="both be"):
+        skinny_qkv_rope_triton(x, w, None, pos, cos, sin, 3, 1, k_cache=kc, v_cache=kc[:, :, :, :8],
+                               slot_mapping=slots)  # fmt: skip
+    with pytest.raises(ValueError, match="contiguous"):
+        skinny_qkv_rope_triton(x, w, None, pos, cos, sin, 3, 1, k_cache=kc, v_cache=torch.zeros(2, 4, 2, 16, device=device)[:, :, :1],
+                               slot_mapping=slots)  # fmt: skip
+    with pytest.raises(ValueError, match="float32"):
+        skinny_qkv_rope(x, w, None, pos, cos.half(), sin.half(), 3, 1, backend="torch")
+    with pytest.raises(ValueError, match="bias must be"):
+        skinny_qkv_rope(x, w, torch.zeros(80, device=device).half(), pos, cos, sin, 3, 1, backend="torch")
+    w24 = torch.randn(5 * 24, 32, device=device)
+    cos24, sin24 = (t.to(device) for t in _rope_tables(8, 24))
+    with pytest.raises(ValueError, match="power of two"):  # D = 24: the Triton path only
+        skinny_qkv_rope_triton(x, w24, None, pos, cos24, sin24, 3, 1)
 
 
 def _split_partials(num_splits, rows, hq, hkv, head_dim, ctx_lens, dtype, device):
@@ -179,3 +223,30 @@ def test_merge_linear_dispatch_and_errors(device):
     three = SplitKVPartials(parts.part_out.repeat(3, 1, 1, 1), parts.part_ml.repeat(3, 1, 1, 1))
     with pytest.raises(ValueError, match=f"at most {MAX_ROWS} rows"):
         skinny_merge_linear_triton(*three, w)
+    none = SplitKVPartials(parts.part_out[:, :, :0], parts.part_ml[:, :, :0])
+    with pytest.raises(ValueError, match="powers of two"):
+        skinny_merge_linear_triton(*none, w)
+    with pytest.raises(ValueError, match="bias must be"):
+        skinny_merge_linear(*parts, w, torch.zeros(8, device=device).half(), backend="torch")
+    with pytest.raises(ValueError, match="residual must be"):
+        skinny_merge_linear_triton(*parts, w, residual=torch.zeros(1, 7, device=device))
+    strided_bias = torch.randn(8, 2, device=device)[:, 1]
+    torch.testing.assert_close(
+        skinny_merge_linear_triton(*parts, w, strided_bias),
+        skinny_merge_linear_triton(*parts, w, strided_bias.contiguous()),
+        rtol=0,
+        atol=0,
+    )
+
+
+def test_env_flag_values():
+    """``FLEXSPEC_FUSED_DECODE`` / ``FLEXSPEC_FUSED_KERNELS`` parsing: the usual on / off spellings, unset or
+    empty = the default, anything else an error naming the variable."""
+    from kernels._dispatch import EnvSettingError, env_flag
+
+    on = [env_flag("X", False, {"X": v}) for v in ("1", "true", "ON", " yes ")]
+    off = [env_flag("X", True, {"X": v}) for v in ("0", "False", "off", "no")]
+    assert all(on) and not any(off)
+    assert env_flag("X", True, {}) and not env_flag("X", False, {"X": ""})
+    with pytest.raises(EnvSettingError, match="FLEXSPEC_FUSED_DECODE='maybe'"):
+        env_flag("FLEXSPEC_FUSED_DECODE", True, {"FLEXSPEC_FUSED_DECODE": "maybe"})

@@ -215,3 +215,25 @@ def test_train_drafter_unknown_target(tmp_path):
         ["train-drafter", "--method", "flexdraft", "--output", str(tmp_path / "run"), "--target", "nope"]
     )
     assert result.exit_code == 2 and "unknown model 'nope'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("FLEXSPEC_SPLIT_KV", "3"), ("FLEXSPEC_FUSED_DECODE", "maybe"), ("FLEXSPEC_SKINNY_LINEAR", "fast")],
+)
+def test_generate_reports_a_bad_environment_setting_in_one_line(var, value):
+    """FLEXSPEC_* variables are read when the engine's modules are imported (a fresh process here): a bad value
+    is one ``error:`` line naming the variable, exit code 2, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, var: value}
+    proc = subprocess.run(
+        [sys.executable, "-c", "from flexspec.cli import app; app()", "generate", "hi", "--max-tokens", "2",
+         "--device", "cpu"],
+        check=False, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and var in proc.stderr, proc.stderr[-2000:]
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip()][-1].startswith("error:"), proc.stderr[-2000:]
