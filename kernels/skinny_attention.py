@@ -28,6 +28,7 @@ from ._dispatch import Backend, use_triton
 from .attention_split import MAX_SPLITS
 from .norm import rms_norm_ref
 from .rotary import rotary_embedding_ref
+from .skinny_linear import _check_args as _check_linear_args
 
 MAX_ROWS = 2  # rows of x one launch handles (the gemv form: weight tile in registers, rows looped)
 GEMV_TILE = 8192  # weight elements per program (as ``kernels.skinny_linear``'s gemv form)
@@ -168,12 +169,7 @@ def _check_qkv_args(
     slot_mapping,
 ) -> int:
     """Validates shapes / dtypes / devices (both paths); returns head_dim."""
-    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
-        raise ValueError(
-            f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
-        )
-    if x.dtype != weight.dtype:
-        raise ValueError(f"x and weight must share a dtype, got {x.dtype} and {weight.dtype}")
+    _check_linear_args(x, weight, bias, norm_weight, None, None)  # x, weight, bias, norm weight
     heads = num_q_heads + 2 * num_kv_heads
     if num_q_heads < 1 or num_kv_heads < 1 or weight.shape[0] % heads:
         raise ValueError(
@@ -182,12 +178,6 @@ def _check_qkv_args(
     head_dim = weight.shape[0] // heads
     if head_dim % 2:
         raise ValueError(f"head_dim must be even, got {head_dim}")
-    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
-        raise ValueError(
-            f"bias must be [{weight.shape[0]}] {weight.dtype}, got {tuple(bias.shape)} {bias.dtype}"
-        )
-    if norm_weight is not None and norm_weight.shape != (x.shape[1],):
-        raise ValueError(f"norm_weight must be [{x.shape[1]}], got {tuple(norm_weight.shape)}")
     if positions.shape != (x.shape[0],) or positions.dtype != torch.int64:
         raise ValueError(
             f"positions must be int64 [{x.shape[0]}], got {positions.dtype} {tuple(positions.shape)}"

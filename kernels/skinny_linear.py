@@ -268,8 +268,8 @@ def _check_args(
         if bias is not None or residual is not None:
             raise ValueError("activation does not combine with bias or residual")
         n //= 2
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"bias must be [{n}], got {tuple(bias.shape)}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != weight.dtype):
+        raise ValueError(f"bias must be [{n}] {weight.dtype}, got {tuple(bias.shape)} {bias.dtype}")
     if norm_weight is not None and norm_weight.shape != (x.shape[1],):
         raise ValueError(f"norm_weight must be [{x.shape[1]}], got {tuple(norm_weight.shape)}")
     if residual is not None and (residual.shape != (x.shape[0], n) or residual.dtype != x.dtype):
