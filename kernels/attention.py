@@ -388,7 +388,7 @@ def paged_attention_triton(
     ``num_splits`` (a power of two; None: ``attention_split.num_splits_for``) splits each program's cached context over that
     many programs, whose partial softmax results a second kernel merges (split-KV); with ``merge=False`` a split
     launch returns them unmerged as :class:`~kernels.attention_split.SplitKVPartials` instead (for a consumer
-    that merges them itself, ``kernels.skinny_attention.skinny_merge_linear``).
+    that merges them itself, ``kernels.skinny_merge.skinny_merge_linear``).
     """
     _check_args(
         q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,

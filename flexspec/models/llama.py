@@ -19,8 +19,9 @@ from flexspec.models.side_stream import SideStream
 from flexspec.models.spec import ModelSpec
 from kernels.attention_split import SplitKVPartials
 from kernels.skinny_attention import MAX_ROWS as SKINNY_ATTENTION_ROWS
-from kernels.skinny_attention import skinny_merge_linear, skinny_qkv_rope
+from kernels.skinny_attention import skinny_qkv_rope
 from kernels.skinny_linear import Capture, skinny_linear
+from kernels.skinny_merge import skinny_merge_linear
 
 
 class LlamaAttention(nn.Module):

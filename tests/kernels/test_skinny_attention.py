@@ -1,4 +1,4 @@
-"""The decode GEMVs around attention (``kernels.skinny_attention``) vs their unfused references: QKV + RoPE +
+"""The decode GEMVs around attention (``kernels.skinny_attention``, ``kernels.skinny_merge``) vs their unfused references: QKV + RoPE +
 KV-cache write, and split-KV merge + O projection fed by the attention kernel's real partial states."""
 
 import pytest
@@ -8,13 +8,15 @@ from kernels.attention import paged_attention_triton
 from kernels.attention_split import SplitKVPartials
 from kernels.skinny_attention import (
     MAX_ROWS,
+    skinny_qkv_rope,
+    skinny_qkv_rope_ref,
+    skinny_qkv_rope_triton,
+)
+from kernels.skinny_merge import (
     merge_splits_ref,
     skinny_merge_linear,
     skinny_merge_linear_ref,
     skinny_merge_linear_triton,
-    skinny_qkv_rope,
-    skinny_qkv_rope_ref,
-    skinny_qkv_rope_triton,
 )
 
 TOL = {torch.float32: {"rtol": 1e-4, "atol": 1e-4}, torch.bfloat16: {"rtol": 2e-2, "atol": 4e-2}}
