@@ -10,7 +10,7 @@ only times decode attention of the default model's shape (9 query / 3 KV heads, 
 batch 1-64 and contexts 128-2048 with 1-16 splits and the launcher's own choice, as a decode step runs it:
 30 launches (one per layer) replayed in a CUDA graph, us per launch (median of 20 replays). ``--argmax`` times
 greedy sampling's argmax over [N, 49152] fp32 logits (N = 1, 8, 64) in a CUDA graph: ``torch.argmax`` and
-``kernels.argmax`` at several tile widths and warp counts (each checked equal to torch's, ties included).
+``flexspec_kernels.argmax`` at several tile widths and warp counts (each checked equal to torch's, ties included).
 """
 
 import json
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from kernels import (
+from flexspec_kernels import (
     argmax_triton,
     attention,
     attention_split,
@@ -140,7 +140,7 @@ def split_kv_sweep(json_path=None):
 
 
 def argmax_sweep(json_path=None):
-    """Greedy argmax over [N, 49152] fp32 logits in a CUDA graph (us per call): torch vs ``kernels.argmax``."""
+    """Greedy argmax over [N, 49152] fp32 logits in a CUDA graph (us per call): torch vs ``flexspec_kernels.argmax``."""
     from flexspec.layers.fused import graph_time_us
 
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}

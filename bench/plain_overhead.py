@@ -15,8 +15,8 @@ decides plain for every step (its policy's ``decide`` is replaced), so it still 
 to date (DFlash: ``defer_context``) as it would between speculative stretches. JSON out, with the
 machine; the overhead is each system's time per step over the plain engine's at the same batch size.
 ``--split-kv 0,auto`` builds one plain engine per split-KV setting instead (an in-process A/B of the attention
-kernel's split-KV path, :mod:`kernels.attention_split`, in interleaved rounds; ``--decode-first`` for long contexts);
-``--fused-decode 1,0`` likewise for the batch-1/2 decode fusions of :mod:`kernels.skinny_attention`.
+kernel's split-KV path, :mod:`flexspec_kernels.attention_split`, in interleaved rounds; ``--decode-first`` for long contexts);
+``--fused-decode 1,0`` likewise for the batch-1/2 decode fusions of :mod:`flexspec_kernels.skinny_attention`.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def profile_steps(engine: Any, profile_steps: int, cprofile_steps: int) -> dict[
 
 def _split_kv_list(text: str) -> list[str]:
     """``--split-kv`` values, each checked as ``FLEXSPEC_SPLIT_KV`` is (argparse reports the error)."""
-    from kernels.attention_split import parse_split_kv
+    from flexspec_kernels.attention_split import parse_split_kv
 
     try:
         return [parse_split_kv(v) for v in text.split(",") if v.strip()]
@@ -216,7 +216,7 @@ def _split_kv_list(text: str) -> list[str]:
 
 def _bool_list(text: str) -> list[bool]:
     """``--fused-decode`` values, each read as ``FLEXSPEC_FUSED_DECODE`` is (1 / 0, on / off, ...)."""
-    from kernels._dispatch import EnvSettingError, env_flag
+    from flexspec_kernels._dispatch import EnvSettingError, env_flag
 
     parts = [v.strip() for v in text.split(",")]
     if not all(parts):
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
     from flexspec.engine.llm_engine import LLMEngine
     from flexspec.layers import fused
     from flexspec.spec.policy import Decision
-    from kernels import attention_split
+    from flexspec_kernels import attention_split
 
     plain = [{"label": "plain", "config": None}]
     if args.split_kv or args.fused_decode:

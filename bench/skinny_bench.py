@@ -1,4 +1,4 @@
-"""Skinny fused GEMMs (``kernels.skinny_linear``) vs the unfused ops they replace, inside CUDA graphs.
+"""Skinny fused GEMMs (``flexspec_kernels.skinny_linear``) vs the unfused ops they replace, inside CUDA graphs.
 
     python -m bench.skinny_bench --output skinny.json [--rows 1,2,4,8,16] [--sweep [--sweep-rows 1,4,16]]
 
@@ -25,9 +25,9 @@ import torch.nn.functional as F
 
 from bench.common import environment
 from flexspec.layers.fused import graph_time_us
-from kernels.activation import act_and_mul_triton
-from kernels.norm import rms_norm_triton
-from kernels.skinny_linear import skinny_linear_triton
+from flexspec_kernels.activation import act_and_mul_triton
+from flexspec_kernels.norm import rms_norm_triton
+from flexspec_kernels.skinny_linear import skinny_linear_triton
 
 SHAPES = {  # name -> (N, K, fusion)
     "qkv+norm": (960, 576, "norm"),

@@ -85,7 +85,7 @@ def generate(
         elapsed = time.perf_counter() - t0
     except FlexspecError as e:
         _fail(e.message)
-    except ValueError as e:  # kernels._dispatch.EnvSettingError (its module may be the one that failed to import)
+    except ValueError as e:  # flexspec_kernels._dispatch.EnvSettingError (its module may be the one that failed to import)
         if not str(e).startswith("FLEXSPEC_"):
             raise
         _fail(str(e))

@@ -12,7 +12,7 @@ from functools import cached_property
 
 import torch
 
-from kernels.argmax import argmax
+from flexspec_kernels.argmax import argmax
 
 _SEED_STRIDE = 1_000_003
 

@@ -1,4 +1,4 @@
-"""Gated MLP activations over a fused [gate | up] tensor (one Triton launch on CUDA, ``kernels.activation``)."""
+"""Gated MLP activations over a fused [gate | up] tensor (one Triton launch on CUDA, ``flexspec_kernels.activation``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from flexspec.layers.fused import use_fused
-from kernels.activation import act_and_mul_ref, act_and_mul_triton
+from flexspec_kernels.activation import act_and_mul_ref, act_and_mul_triton
 
 
 class SiluAndMul(nn.Module):

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from kernels import paged_attention, paged_attention_triton, store_kv_cache
-from kernels.attention_split import SplitKVPartials
+from flexspec_kernels import paged_attention, paged_attention_triton, store_kv_cache
+from flexspec_kernels.attention_split import SplitKVPartials
 
 
 @dataclass
@@ -71,8 +71,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor | SplitKVPartials:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. ``kv_stored``: the caller already wrote k/v to the cache
         (fused with RoPE). ``merge=False``: on the Triton path a split-KV launch returns its partial softmax
-        states unmerged (:class:`~kernels.attention_split.SplitKVPartials`) for a consumer that merges them
-        (``kernels.skinny_merge.skinny_merge_linear``); other paths return the output as usual."""
+        states unmerged (:class:`~flexspec_kernels.attention_split.SplitKVPartials`) for a consumer that merges them
+        (``flexspec_kernels.skinny_merge.skinny_merge_linear``); other paths return the output as usual."""
         if self.k_cache.numel() and not kv_stored:
             store_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         if not merge and q.is_cuda:

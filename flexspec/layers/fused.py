@@ -11,8 +11,8 @@ import os
 
 import torch
 
-from kernels._dispatch import EnvSettingError, env_flag
-from kernels.skinny_linear import MAX_ROWS
+from flexspec_kernels._dispatch import EnvSettingError, env_flag
+from flexspec_kernels.skinny_linear import MAX_ROWS
 
 ENABLED = env_flag("FLEXSPEC_FUSED_KERNELS", True)
 
@@ -24,7 +24,7 @@ def use_fused(x: torch.Tensor, *params: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
 
 
-# Skinny fused GEMMs (``kernels.skinny_linear``) for decoder steps of few tokens:
+# Skinny fused GEMMs (``flexspec_kernels.skinny_linear``) for decoder steps of few tokens:
 #   "auto": on CUDA, for the row counts where a start-up measurement found them faster (``skinny_max_rows``);
 #   "on": on CUDA for every step of <= 16 rows; "off": never;
 #   "torch": also on CPU, through their torch reference (tests use it to check the fused decoder's data flow).
@@ -41,13 +41,13 @@ elif SKINNY not in ("auto", "on", "off", "torch"):
 
 
 # Batch-1/2 decode: RoPE + KV-cache write folded into the QKV GEMV and split-KV attention's merge into the O GEMV
-# (``kernels.skinny_attention``, inside the skinny path). ``FLEXSPEC_FUSED_DECODE=0`` keeps their own launches (A/B).
+# (``flexspec_kernels.skinny_attention``, inside the skinny path). ``FLEXSPEC_FUSED_DECODE=0`` keeps their own launches (A/B).
 DECODE_FUSIONS = env_flag("FLEXSPEC_FUSED_DECODE", True)
 
 
 def use_skinny(x: torch.Tensor, *params: torch.Tensor, max_rows: int | None = None) -> bool:
     """True when a decoder step over ``x`` [T, H] should use the skinny fused GEMMs: 0 < T <= ``max_rows`` (the
-    measured limit in "auto" mode; at most ``kernels.skinny_linear.MAX_ROWS``), gradients off (inference /
+    measured limit in "auto" mode; at most ``flexspec_kernels.skinny_linear.MAX_ROWS``), gradients off (inference /
     no_grad: the layer weights of a model being trained must not go through it), and on CUDA with the fused
     kernels enabled unless the mode is "torch"."""
     rows = MAX_ROWS if max_rows is None or SKINNY != "auto" else min(max_rows, MAX_ROWS)

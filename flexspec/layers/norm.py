@@ -6,13 +6,13 @@ import torch
 from torch import nn
 
 from flexspec.layers.fused import use_fused
-from kernels.norm import rms_norm_ref, rms_norm_triton
+from flexspec_kernels.norm import rms_norm_ref, rms_norm_triton
 
 
 class RMSNorm(nn.Module):
     """y = x / rms(x) * w   (or * (1 + w) when ``offset`` — Gemma). Computed in fp32, returned in x.dtype.
 
-    On CUDA without autograd this is one Triton launch (``kernels.norm``); otherwise the torch reference.
+    On CUDA without autograd this is one Triton launch (``flexspec_kernels.norm``); otherwise the torch reference.
     """
 
     def __init__(self, dim: int, eps: float = 1e-6, offset: bool = False) -> None:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from flexspec.layers.fused import use_fused
-from kernels.rotary import rotary_embedding_triton
+from flexspec_kernels.rotary import rotary_embedding_triton
 
 
 def _inv_freq(head_dim: int, theta: float, rope: dict | None) -> torch.Tensor:
@@ -56,7 +56,7 @@ class RotaryEmbedding(nn.Module):
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
     def fusable(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
-        """Whether ``kernels.rotary``'s Triton kernel serves these inputs (CUDA, no autograd, [T, H, D])."""
+        """Whether ``flexspec_kernels.rotary``'s Triton kernel serves these inputs (CUDA, no autograd, [T, H, D])."""
         half = q.shape[-1] // 2
         return (
             use_fused(q, k)  # first: on CPU this alone decides

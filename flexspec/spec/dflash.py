@@ -38,7 +38,7 @@ from flexspec.spec.models.checkpoint import read_config
 from flexspec.spec.models.dflash_model import DFlashDraftModel
 from flexspec.spec.models.draft_kv import DraftKVCache
 from flexspec.spec.registry import register
-from kernels import pack_masks
+from flexspec_kernels import pack_masks
 
 # Positions whose drafter context is written late: target KV slots (feature cache rows), positions, drafter slots.
 _Held = tuple[list[int], list[int], list[int]]

@@ -26,7 +26,7 @@ from flexspec.models.side_stream import SideStream
 from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput, confident_prefix_len
 from flexspec.spec.models.flexdraft_model import FlexDraftModel
 from flexspec.spec.registry import register
-from kernels import expand_mask_groups
+from flexspec_kernels import expand_mask_groups
 
 
 @register
@@ -67,7 +67,7 @@ class FlexDraftDrafter(Drafter):
         """Mask-token groups on the device: sequence i (last committed position ``last_pos[i]`` [S] int64,
         block-table row ``tables[i]`` [S, W] int32) gets ``num_groups[i]`` ([S] int32) groups; group k sits at
         positions last_pos[i]+k+1 .. +B with context length last_pos[i]+k+1 (see the module doc). Expanded by
-        ``kernels.expand_mask_groups`` (Triton on GPU); ``total_groups`` = num_groups.sum() as a host int, so
+        ``flexspec_kernels.expand_mask_groups`` (Triton on GPU); ``total_groups`` = num_groups.sum() as a host int, so
         nothing here syncs (the decoupled step is captured in a CUDA graph)."""
         B = self.block_size
         g = expand_mask_groups(last_pos, num_groups, tables, B, total_groups, self.max_position)

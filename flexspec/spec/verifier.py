@@ -1,6 +1,6 @@
 """Exact verification of draft tokens against the target (greedy at T=0, rejection sampling above).
 
-Wraps ``kernels.rejection_sample`` (Leviathan et al. 2211.17192; Chen et al. 2302.01318): builds the target
+Wraps ``flexspec_kernels.rejection_sample`` (Leviathan et al. 2211.17192; Chen et al. 2302.01318): builds the target
 distribution with the same temperature / top-k / top-p processing as plain decoding, samples the bonus
 token with the plain sampler, and draws all randomness from per-request seeds so results do not depend on
 batching.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from flexspec.engine.sampler import _SEED_STRIDE, SamplingMetadata, sample, target_probs
-from kernels import rejection_sample
+from flexspec_kernels import rejection_sample
 
 _UNIFORM_SALT = 0x5EED_0001
 _RECOVERY_SALT = 0x5EED_0002
@@ -47,7 +47,7 @@ def verify(
     iff it equals that sample, and the first mismatch emits the sample. For a one-hot draft this is the
     rejection rule (P[accept] = p(draft); on rejection the sample is distributed as p without the draft,
     i.e. norm(max(p - q, 0))), and it makes seeded outputs identical with and without speculation, whatever
-    mode the policy picks per step. Probabilistic drafts go through ``kernels.rejection_sample``.
+    mode the policy picks per step. Probabilistic drafts go through ``flexspec_kernels.rejection_sample``.
     """
     if meta.all_greedy or draft_probs is None or all(p is None for p in draft_probs):
         return _verify_by_target_sample(logits, meta, num_drafts, draft_token_ids)

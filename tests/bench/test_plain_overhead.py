@@ -62,7 +62,7 @@ def test_a_system_that_cannot_be_built_fails_the_run(tmp_path, capsys):
 
 def test_split_kv_systems_each_capture_their_own_setting(tmp_path, monkeypatch, capsys):
     from flexspec.layers import fused
-    from kernels import attention_split
+    from flexspec_kernels import attention_split
 
     seen: list[tuple[str, bool]] = []
     from flexspec.engine import llm_engine  # plain_overhead imports LLMEngine inside main

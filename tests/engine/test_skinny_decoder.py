@@ -174,7 +174,7 @@ def test_skinny_path_on_gpu_matches_unfused_layers(case, dtype, skinny_calls, mo
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_decode_fusions_on_gpu_match_their_own_launches(case, dtype, monkeypatch):
     """Batch-1 and batch-2 decode with RoPE + cache write inside the QKV GEMV and split-KV merge inside the O
-    GEMV (``kernels.skinny_attention``) vs the same kernels as launches of their own, in CUDA graphs."""
+    GEMV (``flexspec_kernels.skinny_attention``) vs the same kernels as launches of their own, in CUDA graphs."""
     prompts, params, _ = case
     cfg = EngineConfig(model=DEFAULT_MODEL, max_model_len=1024, device="cuda", dtype=dtype, max_num_seqs=2)
     monkeypatch.setattr(fused, "SKINNY", "on")

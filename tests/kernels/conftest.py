@@ -1,7 +1,7 @@
 """Shared setup for the kernel tests.
 
 Triton kernels run on CPU only under Triton's interpreter, which is chosen when ``triton`` is first
-imported, so the variable is set here, before any test module imports ``kernels``. Where a GPU is
+imported, so the variable is set here, before any test module imports ``flexspec_kernels``. Where a GPU is
 visible the kernels are compiled for it instead (run with ``TRITON_INTERPRET=0`` to be explicit).
 """
 

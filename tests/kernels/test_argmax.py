@@ -1,9 +1,9 @@
-"""Row-wise argmax (``kernels.argmax``) vs ``torch.argmax``: ties, -inf rows, tile edges, strides, errors."""
+"""Row-wise argmax (``flexspec_kernels.argmax``) vs ``torch.argmax``: ties, -inf rows, tile edges, strides, errors."""
 
 import pytest
 import torch
 
-from kernels.argmax import argmax, argmax_triton
+from flexspec_kernels.argmax import argmax, argmax_triton
 
 
 @pytest.mark.parametrize("vocab", [1, 100, 8192, 8193, 49152])

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from kernels import pack_masks, paged_attention, paged_attention_ref, paged_attention_triton
+from flexspec_kernels import pack_masks, paged_attention, paged_attention_ref, paged_attention_triton
 
 
 def _make_batch(
@@ -231,7 +231,7 @@ def test_split_kv_factor_from_shapes(monkeypatch):
     """With ``FLEXSPEC_SPLIT_KV=auto``, splits double while the grid stays within four programs per SM (132 here,
     an H200), at most 16, only for queries of <= 16 tokens on CUDA; never on a CPU; ``0`` turns them off and a
     number forces that many."""
-    from kernels import attention_split
+    from flexspec_kernels import attention_split
 
     assert attention_split.SPLIT_KV == os.environ.get("FLEXSPEC_SPLIT_KV", "auto")  # on unless turned off
     monkeypatch.setattr(attention_split, "SPLIT_KV", "auto")
@@ -294,7 +294,7 @@ def test_strided_qkv(device):
 @pytest.mark.parametrize("name", list(CASES))
 def test_vectorized_torch_path_matches_reference(name):
     """The CPU path (one batched SDPA) must equal the per-sequence reference on every case."""
-    from kernels.attention_torch import paged_attention_torch
+    from flexspec_kernels.attention_torch import paged_attention_torch
 
     ctx_lens, new_lens, batch_kw, attn_kw = CASES[name]
     b = _make_batch(ctx_lens, new_lens, **batch_kw)
@@ -302,7 +302,7 @@ def test_vectorized_torch_path_matches_reference(name):
 
 
 def test_vectorized_torch_path_no_visible_key_gives_zeros():
-    from kernels.attention_torch import paged_attention_torch
+    from flexspec_kernels.attention_torch import paged_attention_torch
 
     masks = [torch.zeros(2, 2, dtype=torch.bool), torch.eye(1, dtype=torch.bool)]
     b = _make_batch([0, 6], [2, 1], masks=masks)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import MaskGroups, expand_mask_groups, expand_mask_groups_ref, expand_mask_groups_triton
+from flexspec_kernels import MaskGroups, expand_mask_groups, expand_mask_groups_ref, expand_mask_groups_triton
 
 
 def _loop_expand(last_pos, num_groups, block_tables, block_size, max_position):

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from kernels.activation import act_and_mul, act_and_mul_ref, act_and_mul_triton
-from kernels.norm import rms_norm, rms_norm_ref, rms_norm_triton
-from kernels.rotary import rotary_embedding, rotary_embedding_ref, rotary_embedding_triton
+from flexspec_kernels.activation import act_and_mul, act_and_mul_ref, act_and_mul_triton
+from flexspec_kernels.norm import rms_norm, rms_norm_ref, rms_norm_triton
+from flexspec_kernels.rotary import rotary_embedding, rotary_embedding_ref, rotary_embedding_triton
 
 TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2}}
 
@@ -133,7 +133,7 @@ def test_act_and_mul_triton_matches_reference(shape, activation, dtype, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_with_kv_store_matches_rope_then_store(dtype, device):
-    from kernels.kv_cache import store_kv_cache_ref
+    from flexspec_kernels.kv_cache import store_kv_cache_ref
 
     g = torch.Generator().manual_seed(3)
     T, hq, hkv, D, num_blocks, block_size = 7, 9, 3, 64, 4, 4

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import store_kv_cache, store_kv_cache_ref, store_kv_cache_triton
+from flexspec_kernels import store_kv_cache, store_kv_cache_ref, store_kv_cache_triton
 
 
 def _loop_store(key, value, k_cache, v_cache, slot_mapping):

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from kernels import num_emitted, rejection, rejection_sample, rejection_sample_ref, rejection_sample_triton
+from flexspec_kernels import (
+    num_emitted,
+    rejection,
+    rejection_sample,
+    rejection_sample_ref,
+    rejection_sample_triton,
+)
 
 BACKENDS = ["torch", "triton"]
 

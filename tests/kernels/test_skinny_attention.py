@@ -1,18 +1,18 @@
-"""The decode GEMVs around attention (``kernels.skinny_attention``, ``kernels.skinny_merge``) vs their unfused references: QKV + RoPE +
+"""The decode GEMVs around attention (``flexspec_kernels.skinny_attention``, ``flexspec_kernels.skinny_merge``) vs their unfused references: QKV + RoPE +
 KV-cache write, and split-KV merge + O projection fed by the attention kernel's real partial states."""
 
 import pytest
 import torch
 
-from kernels.attention import paged_attention_triton
-from kernels.attention_split import SplitKVPartials
-from kernels.skinny_attention import (
+from flexspec_kernels.attention import paged_attention_triton
+from flexspec_kernels.attention_split import SplitKVPartials
+from flexspec_kernels.skinny_attention import (
     MAX_ROWS,
     skinny_qkv_rope,
     skinny_qkv_rope_ref,
     skinny_qkv_rope_triton,
 )
-from kernels.skinny_merge import (
+from flexspec_kernels.skinny_merge import (
     merge_splits_ref,
     skinny_merge_linear,
     skinny_merge_linear_ref,
@@ -244,7 +244,7 @@ def test_merge_linear_dispatch_and_errors(device):
 def test_env_flag_values():
     """``FLEXSPEC_FUSED_DECODE`` / ``FLEXSPEC_FUSED_KERNELS`` parsing: the usual on / off spellings, unset or
     empty = the default, anything else an error naming the variable."""
-    from kernels._dispatch import EnvSettingError, env_flag
+    from flexspec_kernels._dispatch import EnvSettingError, env_flag
 
     on = [env_flag("X", False, {"X": v}) for v in ("1", "true", "ON", " yes ")]
     off = [env_flag("X", True, {"X": v}) for v in ("0", "False", "off", "no")]

@@ -1,10 +1,16 @@
-"""Skinny fused GEMMs (``kernels.skinny_linear``) vs their torch reference and a float64 brute force."""
+"""Skinny fused GEMMs (``flexspec_kernels.skinny_linear``) vs their torch reference and a float64 brute force."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.skinny_linear import MAX_ROWS, Capture, skinny_linear, skinny_linear_ref, skinny_linear_triton
+from flexspec_kernels.skinny_linear import (
+    MAX_ROWS,
+    Capture,
+    skinny_linear,
+    skinny_linear_ref,
+    skinny_linear_triton,
+)
 
 TOL = {torch.float32: {"rtol": 1e-4, "atol": 1e-4}, torch.bfloat16: {"rtol": 2e-2, "atol": 6e-2}}
 
@@ -65,8 +71,8 @@ def test_skinny_linear_triton_matches_reference(case, n, k, rows, variant, dtype
 
 def test_skinny_linear_rounds_like_the_unfused_ops():
     """fp32 on the reference path: exactly the unfused norm -> linear -> activation / residual add."""
-    from kernels.activation import act_and_mul_ref
-    from kernels.norm import rms_norm_ref
+    from flexspec_kernels.activation import act_and_mul_ref
+    from flexspec_kernels.norm import rms_norm_ref
 
     g = torch.Generator().manual_seed(3)
     x, w, nw = torch.randn(4, 64, generator=g), torch.randn(40, 64, generator=g), torch.rand(64, generator=g)

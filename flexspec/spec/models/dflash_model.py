@@ -46,7 +46,7 @@ from flexspec.spec.models.checkpoint import (
     save_checkpoint,
 )
 from flexspec.spec.models.dflash_config import DFlashDraftConfig, default_target_layer_ids, rope_from_hf
-from kernels import store_kv_cache
+from flexspec_kernels import store_kv_cache
 
 __all__ = [
     "DFlashDraftConfig",

@@ -2,7 +2,7 @@
 
 Same layout as the target's cache (``[num_blocks, block_size, Hkv, D]`` per layer; token at position ``p`` of
 a sequence lives in slot ``blocks[p // block_size] * block_size + p % block_size``), so
-``kernels.store_kv_cache`` and ``kernels.paged_attention`` (through ``flexspec.layers.attention.Attention``)
+``flexspec_kernels.store_kv_cache`` and ``flexspec_kernels.paged_attention`` (through ``flexspec.layers.attention.Attention``)
 serve both.
 
 Sizing: ``memory_bytes`` is asked before the target's cache exists, so the cache is bounded by what any batch
@@ -18,7 +18,7 @@ from collections import deque
 import torch
 
 from flexspec.layers.attention import Attention, AttentionMetadata
-from kernels import pack_masks
+from flexspec_kernels import pack_masks
 
 
 class DraftKVCache:

@@ -1,4 +1,4 @@
-"""Plain-torch paths of ``kernels.attention.paged_attention``: the per-sequence reference, the vectorized
+"""Plain-torch paths of ``flexspec_kernels.attention.paged_attention``: the per-sequence reference, the vectorized
 CPU path, and the argument checks both backends share.
 
 Vectorized torch path of ``paged_attention`` for CPUs (one batched SDPA call per layer).

@@ -19,7 +19,7 @@ ACTIVATIONS = ("silu", "gelu_tanh")
 
 @triton.jit
 def act_fn(g, ACT: tl.constexpr):
-    """fp32 ``g`` -> SiLU(g) (ACT 0) or tanh-approximated GELU(g) (ACT 1); shared with ``kernels.skinny_linear``."""
+    """fp32 ``g`` -> SiLU(g) (ACT 0) or tanh-approximated GELU(g) (ACT 1); shared with ``flexspec_kernels.skinny_linear``."""
     if ACT == 0:
         return g / (1.0 + tl.exp(-g))
     inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)

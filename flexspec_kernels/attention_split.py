@@ -2,7 +2,7 @@
 share one (query tile, KV head)'s cached context, and the kernel that merges their partial softmax states.
 
 The split itself (each program walks a contiguous share of the context's key tiles and stores its unnormalized
-output, running max and sum) is in ``_paged_attention_kernel`` (``NUM_SPLITS``); see :mod:`kernels.attention`.
+output, running max and sum) is in ``_paged_attention_kernel`` (``NUM_SPLITS``); see :mod:`flexspec_kernels.attention`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def parse_split_kv(value: str) -> str:
 class SplitKVPartials(NamedTuple):
     """Split-KV attention's unmerged result (``paged_attention_triton(..., merge=False)``): partial outputs
     ``part_out`` [T, Hq, P, D] fp32 (unnormalized) and running max / sum ``part_ml`` [T, Hq, P, 2] fp32 (log2
-    domain) of P splits, for a consumer that merges them itself (``kernels.skinny_attention``)."""
+    domain) of P splits, for a consumer that merges them itself (``flexspec_kernels.skinny_attention``)."""
 
     part_out: torch.Tensor
     part_ml: torch.Tensor

@@ -1,15 +1,15 @@
 """The decode step's two GEMVs around attention, with attention's own small launches folded in.
 
 At one or two query rows (batch-1/2 decode) a layer's launches are latency-bound: ~1.3-3 us each whatever their
-work. ``kernels.skinny_linear`` already folds norms, activation and residual adds into the GEMVs; this module
+work. ``flexspec_kernels.skinny_linear`` already folds norms, activation and residual adds into the GEMVs; this module
 folds the two launches left around attention:
 
-- :func:`skinny_qkv_rope`: RMSNorm + QKV projection (the gemv form of ``kernels.skinny_linear``) with RoPE
+- :func:`skinny_qkv_rope`: RMSNorm + QKV projection (the gemv form of ``flexspec_kernels.skinny_linear``) with RoPE
   (Su et al., arXiv 2104.09864, rotate-half layout) applied in the epilogue and the rotated keys and the values
-  written to the paged KV cache by slot mapping (as ``kernels.rotary``'s fused store; vLLM fuses RoPE and the
+  written to the paged KV cache by slot mapping (as ``flexspec_kernels.rotary``'s fused store; vLLM fuses RoPE and the
   cache write the same way). Each program computes output features in (first-half, second-half) pairs of a
-  head, so both operands of a rotation are in its registers. Replaces ``kernels.rotary``'s launch.
-- ``kernels.skinny_merge.skinny_merge_linear``: the O projection (+ residual) reading split-KV attention's
+  head, so both operands of a rotation are in its registers. Replaces ``flexspec_kernels.rotary``'s launch.
+- ``flexspec_kernels.skinny_merge.skinny_merge_linear``: the O projection (+ residual) reading split-KV attention's
   partial softmax states instead of a merged output, merging them first. Replaces the merge launch.
 
 Same rounding points as the unfused kernels: the QKV product is rounded to the weight dtype before RoPE, the
@@ -29,7 +29,7 @@ from .rotary import rotary_embedding_ref
 from .skinny_linear import _check_args as _check_linear_args
 
 MAX_ROWS = 2  # rows of x one launch handles (the gemv form: weight tile in registers, rows looped)
-GEMV_TILE = 8192  # weight elements per program (as ``kernels.skinny_linear``'s gemv form)
+GEMV_TILE = 8192  # weight elements per program (as ``flexspec_kernels.skinny_linear``'s gemv form)
 
 
 @triton.jit

@@ -387,8 +387,8 @@ def paged_attention_triton(
     programs per KV head whatever it is. If None, ``ceil(T / S)`` is used as the guess.
     ``num_splits`` (a power of two; None: ``attention_split.num_splits_for``) splits each program's cached context over that
     many programs, whose partial softmax results a second kernel merges (split-KV); with ``merge=False`` a split
-    launch returns them unmerged as :class:`~kernels.attention_split.SplitKVPartials` instead (for a consumer
-    that merges them itself, ``kernels.skinny_merge.skinny_merge_linear``).
+    launch returns them unmerged as :class:`~flexspec_kernels.attention_split.SplitKVPartials` instead (for a consumer
+    that merges them itself, ``flexspec_kernels.skinny_merge.skinny_merge_linear``).
     """
     _check_args(
         q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
@@ -505,7 +505,7 @@ def paged_attention(
         step_cache: a dict that lives for one step (all layers see the same metadata): the vectorized torch
             path keeps the gather indices and visibility mask it derives from the metadata there.
         backend: ``"auto"`` (Triton on CUDA, vectorized torch otherwise), ``"triton"``, ``"torch"``
-            (vectorized, :mod:`kernels.attention_torch`) or ``"torch_ref"`` (per-sequence reference).
+            (vectorized, :mod:`flexspec_kernels.attention_torch`) or ``"torch_ref"`` (per-sequence reference).
     """
     if use_triton(backend, q):
         return paged_attention_triton(

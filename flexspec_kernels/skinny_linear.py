@@ -8,9 +8,9 @@ BLOCK_N output features, each streaming its [BLOCK_N, K] slice of ``W`` once. Ar
   unfused norm's output;
 - ``activation`` (``"silu"`` / ``"gelu_tanh"``): ``W`` is a fused ``[gate | up]`` [2d, K] and the output is
   ``act(x W_gate^T) * (x W_up^T)`` [M, d] (SwiGLU / GeGLU), both products rounded to the output dtype
-  first, as ``kernels.activation`` does;
+  first, as ``flexspec_kernels.activation`` does;
 - ``residual`` [M, N]: ``residual += y`` in place (``y`` rounded first, then the sum rounded once, like
-  ``kernels.norm``'s fused add), so a decoder layer's residual stream is updated where it lives;
+  ``flexspec_kernels.norm``'s fused add), so a decoder layer's residual stream is updated where it lives;
 - ``capture`` (:class:`Capture`): the output rows also copied to a buffer and to a feature cache's rows by
   slot mapping (a drafter's view of target hidden states, ``flexspec.models.features``), instead of a copy,
   a concat and a scatter after the layer.

@@ -1,11 +1,11 @@
 """The O projection of split-KV attention's unmerged partial states: the merge in the GEMV's prologue.
 
-At one or two query rows (batch-1/2 decode) split-KV attention (``kernels.attention_split``) would need a launch
+At one or two query rows (batch-1/2 decode) split-KV attention (``flexspec_kernels.attention_split``) would need a launch
 of its own to merge its splits' partial softmax states before the O projection. :func:`skinny_merge_linear`
 merges them in each program of the O GEMV (+ residual) instead (flash-decoding's reduction: Dao, Haziza, Massa,
-Sizov 2023; the arithmetic of ``kernels.attention_split``'s merge kernel), rounding the merged output to the
+Sizov 2023; the arithmetic of ``flexspec_kernels.attention_split``'s merge kernel), rounding the merged output to the
 weight dtype before the product as the unfused path does. The QKV side of the same decode step is
-``kernels.skinny_attention``.
+``flexspec_kernels.skinny_attention``.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def skinny_merge_linear_triton(
     num_warps: int = 8,
 ) -> torch.Tensor:
     """``[residual +=] merge(part_out, part_ml) @ weight^T + bias``: the O projection of split-KV attention's
-    partial softmax states (``kernels.attention.paged_attention_triton(..., merge=False)``), merged in each
+    partial softmax states (``flexspec_kernels.attention.paged_attention_triton(..., merge=False)``), merged in each
     program (flash-decoding) instead of by a launch of their own. Returns [M, N] in the weight dtype.
 
     Triton launcher (:func:`skinny_merge_linear` dispatches). Raises ValueError for mismatched shapes or

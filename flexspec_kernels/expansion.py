@@ -12,7 +12,7 @@ sequence ``s`` whose last committed token sits at position ``last_pos[s]`` carri
 
 Groups are laid out sequence by sequence, ``k`` ascending; ``G = sum(num_groups)`` is passed in as a
 Python int, so neither backend needs a host sync. The result is the attention metadata of ``G``
-pseudo-sequences of ``B`` tokens each (see :func:`kernels.paged_attention`), as built per step by
+pseudo-sequences of ``B`` tokens each (see :func:`flexspec_kernels.paged_attention`), as built per step by
 ``flexspec/spec/flexdraft.py``'s ``_side_stream``.
 """
 

@@ -5,7 +5,7 @@ Neox / rotate-half layout as in HF Llama: for ``x = [x1 | x2]`` (halves of the h
 at each token's position. One program per token rotates all of its query and key heads, reading the
 strided views that come out of the fused QKV projection (no copies) and writing new contiguous
 outputs; the unfused torch code needs ~20 launches for the same work. Optionally the same launch writes the
-rotated keys and the values into the paged KV cache by slot mapping (as ``kernels.kv_cache.store_kv_cache``;
+rotated keys and the values into the paged KV cache by slot mapping (as ``flexspec_kernels.kv_cache.store_kv_cache``;
 vLLM fuses RoPE and the cache write the same way), saving one more launch per layer.
 """
 
@@ -146,7 +146,7 @@ def rotary_embedding_triton(
     slot_mapping: torch.Tensor | None = None,  # [T] int64, < 0 = do not cache
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton launcher of :func:`rotary_embedding`; with ``v`` and the caches it also writes the rotated keys
-    and the values to the cache like :func:`kernels.kv_cache.store_kv_cache`. Positions and slots are not
+    and the values to the cache like :func:`flexspec_kernels.kv_cache.store_kv_cache`. Positions and slots are not
     range-checked (that would sync)."""
     _check_args(positions, q, k, cos, sin)
     store = v is not None
