@@ -57,7 +57,7 @@ def generate(
             seed=seed,
             stop=stop or [],
         )
-        engine_args: dict = dict(model=model, max_model_len=max_model_len, device=device, dtype=dtype)
+        engine_args: dict = {"model": model, "max_model_len": max_model_len, "device": device, "dtype": dtype}
         if speculative_config:
             try:
                 engine_args["speculative_config"] = json.loads(speculative_config)
@@ -85,7 +85,9 @@ def generate(
         elapsed = time.perf_counter() - t0
     except FlexspecError as e:
         _fail(e.message)
-    except ValueError as e:  # flexspec_kernels._dispatch.EnvSettingError (its module may be the one that failed to import)
+    except ValueError as e:
+        # flexspec_kernels._dispatch.EnvSettingError, matched by its message: the module that defines it may be
+        # the one that failed to import
         if not str(e).startswith("FLEXSPEC_"):
             raise
         _fail(str(e))

@@ -91,7 +91,7 @@ class MergedColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         if not isinstance(shard_id, int):
-            raise ValueError("MergedColumnParallelLinear needs an integer shard_id")
+            raise ValueError("MergedColumnParallelLinear needs an integer shard_id")  # noqa: TRY004 (ModelLoadError)
         offset = sum(self.local_sizes[:shard_id])
         start, end = self.ranges[shard_id]
         _copy(param.data[offset : offset + end - start], loaded[start:end], "MergedColumnParallelLinear")

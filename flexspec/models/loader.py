@@ -132,7 +132,7 @@ def load_weights(model: nn.Module, folder: Path, strip_prefixes: tuple[str, ...]
     for file in files:
         try:
             with safe_open(file, framework="pt", device="cpu") as f:
-                for ckpt_name in f.keys():
+                for ckpt_name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                     name = ckpt_name
                     for p in prefixes:
                         if name.startswith(p):

@@ -245,16 +245,21 @@ class DFlashDrafter(Drafter):
     def proposes_on_device(self) -> bool:  # type: ignore[override]
         return self.greedy_drafts
 
+    @property
+    def proposes_mixed_on_device(self) -> bool:  # type: ignore[override]
+        return self.greedy_drafts
+
     @torch.inference_mode()
     def propose_on_device(
         self, inp, tokens: torch.Tensor, accepted: torch.Tensor, captured: list[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``Drafter.propose_on_device``: the context K/V of each sequence's committed inputs 0 .. a (rows past
-        a get slot -1) and of its positions left by plain steps (``defer_context``), then the block
-        ``[tokens[s, a], MASK x (B-1)]`` over context length ``context_lens[s] + a + 1`` (no block when the
-        step proposes nothing); the same graphs as ``propose``, fed from device tensors. Sequences whose
-        drafter cache cannot hold the step's positions write nothing, read no context and keep 0 drafts."""
-        dev, S, q = self.device, tokens.shape[0], tokens.shape[1]  # q = K + 1 rows per sequence at most
+        """``Drafter.propose_on_device``: the context K/V of each sequence's committed inputs (a decode query's
+        rows 0 .. a, rows past a get slot -1; a prompt chunk's every row) and of its positions left by plain
+        steps (``defer_context``), then, for sequences that emit, the block ``[tokens[s, a], MASK x (B-1)]``
+        over their committed context (no block when the step proposes nothing); the same graphs as
+        ``propose``, fed from device tensors. Sequences whose drafter cache cannot hold the step's positions
+        write nothing, read no context and keep 0 drafts."""
+        dev, S = self.device, tokens.shape[0]
         evictable = set(self.cache.tables) - set(inp.seq_ids)
         ok: list[int] = []
         tables: list[list[int]] = []
@@ -271,21 +276,23 @@ class DFlashDrafter(Drafter):
         held = self._flush_if_large(held, captured)
         width = max(len(t) for t in tables) or 1
         host = torch.tensor(
-            [[c, n, r0, o, *t, *[0] * (width - len(t))]
-             for c, n, r0, o, t in zip(inp.context_lens, inp.query_lens, row0, ok, tables)],
+            [[c, n, r0, o, d, int(e), *t, *[0] * (width - len(t))]
+             for c, n, r0, o, d, e, t in zip(inp.context_lens, inp.query_lens, row0, ok, inp.num_draft_tokens,
+                                             inp.samples, tables)],
             dtype=torch.int64,
         )  # fmt: skip
-        meta = host.to(dev, non_blocking=True)  # [S, 4 + W]
-        ctx, n, first_row, ready_t, table = meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] > 0, meta[:, 4:]
-        j = torch.minimum(torch.arange(q, device=dev)[None, :], n[:, None] - 1)  # [S, q] row in the query
-        pos = ctx[:, None] + j  # [S, q]
-        bs = self.cache.block_size
-        slots = table.gather(1, (pos // bs).clamp(max=width - 1)) * bs + pos % bs  # [S, q]
-        commit = (torch.arange(q, device=dev)[None, :] <= accepted[:, None]) & ready_t[:, None]
-        slots = torch.where(commit, slots, -1)
-        rows = (first_row[:, None] + j).view(-1)  # [S*q] rows of ``captured``
-        feats = torch.cat([captured[i].index_select(0, rows) for i in self._feature_index], -1)  # [S*q, n*H]
-        pos, slots = pos.view(-1), slots.view(-1)
+        meta = host.to(dev, non_blocking=True)  # [S, 6 + W]
+        ctx, n, first_row, ready_t = meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] > 0
+        num_drafts, emits, table = meta[:, 4], meta[:, 5] > 0, meta[:, 6:]
+        if all(q == d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens)):  # [last token, drafts...]
+            committed = accepted + 1  # [S] the last token and the accepted drafts
+            feats, pos, slots = self._decode_context_rows(
+                captured, tokens.shape[1], ctx, n, first_row, committed, ready_t, table
+            )
+        else:  # prompt chunks too: one row per input token
+            committed = n - num_drafts + accepted  # [S] the query less its rejected drafts
+            feats, pos, slots = self._step_context_rows(captured, inp.num_tokens, ctx, n, first_row, committed,
+                                                        ready_t, table)  # fmt: skip
         if held[0]:
             target_slots, held_pos, held_slots = torch.tensor(held).to(dev, non_blocking=True)
             feats = torch.cat([self._held_features(target_slots), feats])
@@ -298,14 +305,45 @@ class DFlashDrafter(Drafter):
         if inp.num_speculative_tokens == 0:  # the step only verifies: context written, no block
             return accepted.new_zeros(S, 0), accepted.new_zeros(S)
         bonus = tokens.gather(1, accepted[:, None]).squeeze(1)  # [S]
-        ctx_lens = torch.where(ready_t, ctx + accepted + 1, 0).to(torch.int32)  # [S]
+        # a prompt chunk that does not end its prompt emits no token to draft from
+        drafting = ready_t if all(inp.samples) else ready_t & emits
+        ctx_lens = torch.where(drafting, ctx + committed, 0).to(torch.int32)  # [S]
         tables_t = table.to(torch.int32)
         block = self._graphs
         if block is not None and block.can_run(S, tables=tables_t):
             drafts, keep = block.run(S, bonus=bonus, ctx_lens=ctx_lens, tables=tables_t)
         else:
             drafts, keep = self._greedy_block(bonus, ctx_lens, tables_t)
-        return drafts, torch.where(ready_t, keep, 0)
+        return drafts, torch.where(drafting, keep, 0)
+
+    def _decode_context_rows(self, captured, q, ctx, n, first_row, committed, ready, table):
+        """Context rows of a step of decode queries (``n`` <= ``q`` = K + 1 rows each), laid out [S, q] (a
+        shorter query repeats its last row, with slot -1). Returns feats [S*q, n*H], positions and slots
+        [S*q] (slot -1: not committed, or no drafter cache)."""
+        dev = ctx.device
+        j = torch.minimum(torch.arange(q, device=dev)[None, :], n[:, None] - 1)  # [S, q] row in the query
+        pos = ctx[:, None] + j  # [S, q]
+        bs = self.cache.block_size
+        slots = table.gather(1, (pos // bs).clamp(max=table.shape[1] - 1)) * bs + pos % bs
+        commit = (torch.arange(q, device=dev)[None, :] < committed[:, None]) & ready[:, None]
+        slots = torch.where(commit, slots, -1)
+        rows = (first_row[:, None] + j).view(-1)  # [S*q] rows of ``captured``
+        feats = torch.cat([captured[i].index_select(0, rows) for i in self._feature_index], -1)
+        return feats, pos.view(-1), slots.view(-1)
+
+    def _step_context_rows(self, captured, num_tokens, ctx, n, first_row, committed, ready, table):
+        """Context rows of a step whose queries may be prompt chunks: one per input token (T =
+        ``num_tokens``), in input order. Returns feats [T, n*H], positions and slots [T]."""
+        dev = ctx.device
+        seqs = torch.arange(ctx.shape[0], device=dev)
+        seq = torch.repeat_interleave(seqs, n, output_size=num_tokens)  # [T] each row's sequence
+        j = torch.arange(num_tokens, device=dev) - first_row[seq]  # [T] row in its query
+        pos = ctx[seq] + j
+        bs = self.cache.block_size
+        slots = table[seq, (pos // bs).clamp(max=table.shape[1] - 1)] * bs + pos % bs
+        slots = torch.where((j < committed[seq]) & ready[seq], slots, -1)
+        feats = torch.cat([captured[i][:num_tokens] for i in self._feature_index], -1)
+        return feats, pos, slots
 
     def _write_context(
         self,

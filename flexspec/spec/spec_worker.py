@@ -45,8 +45,10 @@ class SpecDecodeWorker:
     A verification step whose drafts are deterministic and whose drafter drafts on the device
     (``Drafter.proposes_on_device``: DFlash, FlexDraft decoupled) runs *device-side*: target sampling, the
     acceptance test, the drafter's context update and its next block are enqueued back to back, and the host
-    reads the result once. ``launch`` enqueues such a step and ``collect`` reads it back, so the engine can
-    overlap the previous step's output processing with it, as for plain steps. Other steps verify on the host
+    reads the result once; with DFlash (``proposes_mixed_on_device``) also when the step prefills prompt chunks
+    next to the verified queries (chunked prefill in a speculative batch). ``launch`` enqueues such a step and
+    ``collect`` reads it back, so the engine can overlap the previous step's output processing with it, as for
+    plain steps. Other steps verify on the host
     first, then draft (``execute``'s general path). The config's ``device_verification: false`` forces the
     general path (A/B checks and benchmarks).
     """
@@ -199,20 +201,26 @@ class SpecDecodeWorker:
 
     def _runs_on_device(self, inp: ModelInput) -> bool:
         """Whether this step can verify and draft without a host sync in between: one rank, a drafter that
-        drafts deterministically on the device, every sequence an emitting query ``[last token, drafts...]``
-        (no drafts is fine: the first step of speculation) with logits on every row. A step that verifies
-        drafts but proposes none (the policy switching to plain decoding) runs here too: the drafter then
-        only updates its state (``propose_on_device`` with ``num_speculative_tokens == 0``)."""
-        return (
+        drafts deterministically on the device, and either every sequence an emitting query ``[last token,
+        drafts...]`` (no drafts is fine: the first step of speculation) with logits on every row, or, for
+        ``proposes_mixed_on_device`` drafters, decode queries next to prompt chunks (``_mixed_layout``). A
+        step that verifies drafts but proposes none (the policy switching to plain decoding) runs here too:
+        the drafter then only updates its state (``propose_on_device`` with ``num_speculative_tokens == 0``)."""
+        if not (
             self.device_verification
             and self.drafter.proposes_on_device
             and self.runner.tp.size == 1
-            and bool(inp.seq_ids)
-            and all(inp.samples)
-            and all(q == d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens))
-            and len(inp.logits_indices) == inp.num_tokens
+            and inp.seq_ids
             and not (self.pending_probs and any(sid in self.pending_probs for sid in inp.seq_ids))
-        )
+        ):
+            return False
+        if (
+            all(inp.samples)
+            and len(inp.logits_indices) == inp.num_tokens
+            and all(q == d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens))
+        ):
+            return True
+        return self.drafter.proposes_mixed_on_device and inp.spec_mode != "parallel" and _mixed_layout(inp)
 
     def can_launch(self, inp: ModelInput) -> bool:
         """Whether ``inp`` is a verification step that ``launch`` can enqueue and ``collect`` finish later
@@ -232,18 +240,28 @@ class SpecDecodeWorker:
     def _launch_on_device(
         self, inp: ModelInput, logits: torch.Tensor, captured: list[torch.Tensor]
     ) -> PendingSpecStep:
-        """Device-side verification step (see the class docstring). ``logits`` [T, V]: one row per input token.
+        """Device-side verification step (see the class docstring). ``logits`` [N, V]: one row per logits row
+        (every row of a decode query, the last row of a prompt chunk that ends its prompt).
 
         Same result as the general path: target tokens come from the plain sampler, drafts are accepted iff
         equal to them (``accept_deterministic_drafts``), and the drafter sees the same committed tokens. The
         step's only host sync is ``collect``'s wait for the readback of emitted tokens and next drafts (+ the
         logprobs when asked)."""
         runner = self.runner
+        # A prompt computed from position 0 again (preempted): as the general path's ``_commit`` does before
+        # drafting, its drafter state starts over before this step's context is written.
+        if 0 in inp.context_lens:
+            self._forget([sid for sid, c in zip(inp.seq_ids, inp.context_lens) if self._recomputed(sid, c)])
         S, K = len(inp.seq_ids), max(inp.num_draft_tokens)
-        starts = _cumsum(inp.query_lens)[:-1]
+        if len(inp.logits_indices) == inp.num_tokens:  # logits on every row: decode queries only
+            starts = _cumsum(inp.query_lens)[:-1]
+        else:  # prompt chunks too: an emitting one has its last row's logits, the others none (row 0 read)
+            starts = _emitting_starts(inp)
+        qsl = _cumsum(inp.query_lens)
         drafts = [0] * (S * K)
-        for s, (q0, d) in enumerate(zip(starts, inp.num_draft_tokens)):
-            drafts[s * K : s * K + d] = inp.input_ids[q0 + 1 : q0 + 1 + d]
+        for s, d in enumerate(inp.num_draft_tokens):
+            if d:
+                drafts[s * K : s * K + d] = inp.input_ids[qsl[s + 1] - d : qsl[s + 1]]
         host = torch.tensor([*starts, *inp.num_draft_tokens, *drafts], dtype=torch.int64)
         dev = host.to(runner.device, non_blocking=True)
         starts_t, num_drafts_t, drafts_t = dev[:S], dev[S : 2 * S], dev[2 * S :].view(S, K)
@@ -262,6 +280,7 @@ class SpecDecodeWorker:
         if cuda:
             event = torch.cuda.Event()
             event.record()
+        starts = [r for r, emits in zip(starts, inp.samples) if emits]
         return PendingSpecStep(inp, rows_host, event, logits, starts, K)
 
     def collect(self, pending: PendingSpecStep) -> ModelOutput:
@@ -273,14 +292,17 @@ class SpecDecodeWorker:
             pending.event.synchronize()
         inp, K = pending.inp, pending.max_drafts
         rows = pending.rows.tolist()
+        if not all(inp.samples):  # prompt chunks that do not end their prompt emit nothing
+            rows = [row for row, emits in zip(rows, inp.samples) if emits]
         emitted = [row[: row[K + 1] + 1] for row in rows]
         out = ModelOutput(token_ids=emitted)
         if inp.num_logprobs is not None:
             self.runner.attach_logprobs(out, pending.logits, pending.starts, inp.num_logprobs)
         batch = self._draft_inputs(inp, emitted)  # the same history bookkeeping as the general path
         k = self.drafter.num_speculative_tokens
+        emitting = batch if len(batch) == len(rows) else [b for b in batch if b.emitted]
         out.draft_token_ids = [
-            row[K + 2 : K + 2 + min(b.num_drafts, k, row[-1])] for b, row in zip(batch, rows)
+            row[K + 2 : K + 2 + min(b.num_drafts, k, row[-1])] for b, row in zip(emitting, rows)
         ]
         if self.pending_probs:  # deterministic drafts: no distributions pending
             for sid in inp.seq_ids:
@@ -322,6 +344,34 @@ class SpecDecodeWorker:
                 )
             )
         return batch
+
+
+def _mixed_layout(inp: ModelInput) -> bool:
+    """Whether a step with prompt chunks fits the device-side verification step: some sequence emits, a
+    sequence that verifies drafts is a decode query ``[last token, drafts...]``, and the logits rows are, in
+    order, every row of each emitting decode query and the last row of each emitting prompt chunk."""
+    if not any(inp.samples):
+        return False
+    expected: list[int] = []
+    r = 0
+    for q, d, emits in zip(inp.query_lens, inp.num_draft_tokens, inp.samples):
+        if d and (q != d + 1 or not emits):
+            return False
+        if emits:
+            expected.extend(range(r + q - d - 1, r + q))
+        r += q
+    return expected == inp.logits_indices
+
+
+def _emitting_starts(inp: ModelInput) -> list[int]:
+    """[S] first logits row of each sequence (``_mixed_layout``): an emitting sequence owns its drafts + 1
+    rows; a sequence that emits nothing gets row 0 (read, then dropped)."""
+    starts, r = [], 0
+    for d, emits in zip(inp.num_draft_tokens, inp.samples):
+        starts.append(r if emits else 0)
+        if emits:
+            r += d + 1
+    return starts
 
 
 def _cumsum(xs: list[int]) -> list[int]:

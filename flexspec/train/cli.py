@@ -24,7 +24,7 @@ def train_drafter(
     method: str = typer.Option(..., help=_h("method") + " flexdraft | dflash | dspark | eagle3"),
     output: str = typer.Option(..., help=_h("output")),
     target: str | None = typer.Option(None, help=_h("target") + " [default: smollm2-135m-instruct]"),
-    prompts: list[str] | None = typer.Option(  # noqa: B008 - typer's declaration style
+    prompts: list[str] | None = typer.Option(
         None,
         help=_h("prompts") + " [default: gsm8k_train,self_instruct]",  # noqa: B008
     ),
@@ -63,7 +63,7 @@ def train_drafter(
     log_every: int | None = typer.Option(None, help=_h("log_every")),
     keep_checkpoints: int | None = typer.Option(None, help=_h("keep_checkpoints")),
     seed: int | None = typer.Option(None, help=_h("seed")),
-    val_datasets: list[str] | None = typer.Option(  # noqa: B008 - typer's declaration style
+    val_datasets: list[str] | None = typer.Option(
         None,
         help=_h("val_datasets") + " [default: gsm8k:100,mt_bench:40]",  # noqa: B008
     ),

@@ -86,7 +86,7 @@ def test_prompts_that_fit_still_run(big_server):
             "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 4,
             "temperature": 0,
-        },  # fmt: skip
+        },
     )
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4, resp.text
     # 40,000 characters in 500 tokens: far more characters than max_model_len, yet it fits

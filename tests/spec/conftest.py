@@ -11,7 +11,7 @@ from flexspec.engine.llm_engine import LLMEngine
 
 
 def spec_engine(speculative_config: dict, **overrides) -> LLMEngine:
-    args = dict(max_model_len=1024, device="cpu", speculative_config=speculative_config)
+    args = {"max_model_len": 1024, "device": "cpu", "speculative_config": speculative_config}
     args.update(overrides)
     return LLMEngine(EngineConfig(**args))
 

@@ -41,13 +41,15 @@ def test_device_acceptance_equals_the_host_rule(seed):
     assert all(len(h) == int(a) + 1 for h, a in zip(host, accepted))
 
 
-def _run(eng, prompts, params, device_verification: bool):
+def _run(eng, prompts, params, device_verification: bool, launched: list | None = None):
+    """Generate; returns outputs, every step's (emitted, next drafts), spec metrics and the number of
+    device-side steps, whose inputs go to ``launched``."""
     worker = eng.executor.runner.spec_worker
     worker.device_verification = device_verification
     steps: list[tuple[list[list[int]], list[list[int]]]] = []
     on_device = worker._launch_on_device
-    used = []
-    worker._launch_on_device = lambda *a: used.append(1) or on_device(*a)
+    used = [] if launched is None else launched
+    worker._launch_on_device = lambda inp, *a: used.append(inp) or on_device(inp, *a)
     try:
         with on_worker_outputs(worker, lambda inp, out: steps.append((out.token_ids, out.draft_token_ids))):
             eng.spec_metrics = SpecDecodingMetrics()
@@ -105,3 +107,30 @@ def test_logprobs_on_device_side_steps(spec_eng):
         got[flag] = (tokens, logprobs)
     eng.executor.runner.spec_worker.device_verification = True
     assert got[True] == got[False] and len(got[True][1]) == len(got[True][0]) == 24
+
+
+def test_steps_that_prefill_verify_on_the_device(plain_128):
+    """Chunked prefill in a speculative batch: prompts arrive while others decode (2 running, outputs of
+    different lengths) and prompts longer than 24 tokens prefill in chunks, so steps mix verified decode
+    queries with prompt chunks that end their prompt (emit their first token, then get drafts) and chunks that
+    do not (emit nothing). DFlash verifies and drafts those steps on the device as well; they emit the same
+    tokens and drafts as host verification, and the outputs are plain decoding's."""
+    spec = {**SPECS["dflash"], "execution": "decoupled", "num_speculative_tokens": 7}
+    eng = spec_engine(spec, max_num_seqs=2, max_num_batched_tokens=24)
+    prompts, want = plain_128
+    lengths = [40, 9, 27, 16, 33]
+    prompts, want = prompts[: len(lengths)], [w[:n] for w, n in zip(want, lengths)]
+    params = [SamplingParams(max_tokens=n, temperature=0) for n in lengths]
+    launched: list = []
+    dev_out, dev_steps, dev_metrics, n_device = _run(eng, prompts, params, True, launched)
+    host_out, host_steps, host_metrics, n_host = _run(eng, prompts, params, False)
+    kinds = set()
+    for inp in launched:
+        if any(d and q == d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens)):  # drafts verified
+            chunks = [s for s, (q, d) in enumerate(zip(inp.query_lens, inp.num_draft_tokens)) if q != d + 1]
+            kinds.update("ends its prompt" if inp.samples[s] else "emits nothing" for s in chunks)
+    assert kinds == {"ends its prompt", "emits nothing"}  # prompt chunks next to verified drafts
+    assert dev_out == host_out == want
+    assert dev_steps == host_steps
+    assert dev_metrics == host_metrics and dev_metrics["num_accepted_tokens"] > 0
+    assert n_device > 0 and n_host == 0
