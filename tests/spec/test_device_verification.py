@@ -134,3 +134,27 @@ def test_steps_that_prefill_verify_on_the_device(plain_128):
     assert dev_steps == host_steps
     assert dev_metrics == host_metrics and dev_metrics["num_accepted_tokens"] > 0
     assert n_device > 0 and n_host == 0
+
+
+def test_preempted_prompts_start_their_drafter_state_over_on_the_device(engine):
+    """KV-cache pressure (14 blocks of 16 tokens for 4 sequences of ~80 tokens) preempts requests; a preempted
+    request is prefilled again from position 0 inside a speculative batch. The device-side step forgets its
+    drafter state before writing the new context, as the host path does before drafting: same tokens and
+    drafts as host verification, and plain decoding's outputs."""
+    texts = ("Tell me about dragons.", "Name a car.", "Write a haiku.", "Say hi.")
+    prompts = [engine.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+    params = SamplingParams(max_tokens=40, temperature=0)
+    want = [o.token_ids for o in engine.generate(prompts, params)]
+    spec = {**SPECS["dflash"], "execution": "decoupled", "num_speculative_tokens": 7}
+    eng = spec_engine(spec, max_model_len=192, max_num_seqs=4, max_num_batched_tokens=32, num_kv_blocks=14)
+    launched: list = []
+    dev_out, dev_steps, _, n_device = _run(eng, prompts, params, True, launched)
+    preemptions = eng.stats.num_preemptions
+    host_out, host_steps, _, _ = _run(eng, prompts, params, False)
+    seen: set[int] = set()
+    recomputed = 0
+    for inp in launched:
+        recomputed += sum(c == 0 and sid in seen for sid, c in zip(inp.seq_ids, inp.context_lens))
+        seen.update(inp.seq_ids)
+    assert preemptions > 0 and recomputed > 0
+    assert dev_out == host_out == want and dev_steps == host_steps
