@@ -152,21 +152,25 @@ class FlexDraftDrafter(Drafter):
 
     # ---- drafting -----------------------------------------------------------------------------------------
     proposes_on_device = True  # decoupled steps; parallel steps carry a side stream and verify on the host
+    proposes_mixed_on_device = True  # decoupled steps with prompt chunks too
 
     @torch.inference_mode()
     def propose_on_device(
         self, inp, tokens: torch.Tensor, accepted: torch.Tensor, captured: list[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``Drafter.propose_on_device`` for a decoupled step: the group after the new last token
-        ``tokens[s, a]``, whose predecessor sits at position ``context_lens[s] + a`` (the target wrote its KV in
-        the verification forward); the same graph as ``propose``."""
+        ``tokens[s, a]``, whose predecessor, the last committed input, sits at position ``context_lens[s] + a``
+        (a decode query) or ``context_lens[s] + query_lens[s] - 1`` (a prompt chunk; the target wrote its KV in
+        the verification forward); the same graph as ``propose``. Groups of chunks that emit nothing are
+        computed and dropped by the worker."""
         if inp.num_speculative_tokens == 0:  # the step only verifies: FlexDraft keeps no per-step state
             return accepted.new_zeros(tokens.shape[0], 0), accepted.new_zeros(tokens.shape[0])
         width = max(len(t) for t in inp.block_tables) or 1
         host = torch.tensor(
-            [[c, *t, *[0] * (width - len(t))] for c, t in zip(inp.context_lens, inp.block_tables)],
+            [[c + q - 1 - d, *t, *[0] * (width - len(t))]
+             for c, q, d, t in zip(inp.context_lens, inp.query_lens, inp.num_draft_tokens, inp.block_tables)],
             dtype=torch.int64,
-        )
+        )  # fmt: skip
         meta = host.to(self.runner.device, non_blocking=True)  # [S, 1 + W]
         last_pos = meta[:, 0] + accepted  # [S]
         tables = meta[:, 1:].to(torch.int32)  # [S, W]

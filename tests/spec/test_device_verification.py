@@ -109,13 +109,14 @@ def test_logprobs_on_device_side_steps(spec_eng):
     assert got[True] == got[False] and len(got[True][1]) == len(got[True][0]) == 24
 
 
-def test_steps_that_prefill_verify_on_the_device(plain_128):
+@pytest.mark.parametrize("method", sorted(SPECS))
+def test_steps_that_prefill_verify_on_the_device(plain_128, method):
     """Chunked prefill in a speculative batch: prompts arrive while others decode (2 running, outputs of
     different lengths) and prompts longer than 24 tokens prefill in chunks, so steps mix verified decode
     queries with prompt chunks that end their prompt (emit their first token, then get drafts) and chunks that
-    do not (emit nothing). DFlash verifies and drafts those steps on the device as well; they emit the same
-    tokens and drafts as host verification, and the outputs are plain decoding's."""
-    spec = {**SPECS["dflash"], "execution": "decoupled", "num_speculative_tokens": 7}
+    do not (emit nothing). DFlash and FlexDraft (decoupled) verify and draft those steps on the device as well;
+    they emit the same tokens and drafts as host verification, and the outputs are plain decoding's."""
+    spec = {**SPECS[method], "execution": "decoupled", "num_speculative_tokens": 7}
     eng = spec_engine(spec, max_num_seqs=2, max_num_batched_tokens=24)
     prompts, want = plain_128
     lengths = [40, 9, 27, 16, 33]
@@ -148,7 +149,7 @@ def test_preempted_prompts_start_their_drafter_state_over_on_the_device(engine):
     spec = {**SPECS["dflash"], "execution": "decoupled", "num_speculative_tokens": 7}
     eng = spec_engine(spec, max_model_len=192, max_num_seqs=4, max_num_batched_tokens=32, num_kv_blocks=14)
     launched: list = []
-    dev_out, dev_steps, _, n_device = _run(eng, prompts, params, True, launched)
+    dev_out, dev_steps, _, _ = _run(eng, prompts, params, True, launched)
     preemptions = eng.stats.num_preemptions
     host_out, host_steps, _, _ = _run(eng, prompts, params, False)
     seen: set[int] = set()
