@@ -35,7 +35,7 @@ class PendingSpecStep:
     rows: torch.Tensor  # pinned host memory (a view of the worker's readback buffer)
     event: torch.cuda.Event | None  # None on CPU (copied synchronously)
     logits: torch.Tensor  # [T, V] fp32 on the device (logprobs at collect time)
-    starts: list[int]  # [S] first logits row of each sequence
+    starts: list[int]  # [S_emit] first logits row of each emitting sequence
     max_drafts: int  # K: drafts verified by the longest query
 
 
