@@ -16,8 +16,11 @@ The replay's model of a step: a request that was drafted for in the previous ste
 emits ``accepted + 1`` tokens (capped at its remaining ``max_tokens``), otherwise 1; the step costs a
 speculative step if any request verifies or is drafted for, else a plain step (the plain engine's: the extra
 host work of a speculative engine's plain steps is not modelled, nor step times that drift during a run).
-Prefill is not modelled (new requests start with their first token, without drafts). Use it to compare policy settings on the same
-traces; the H200's spec_bench is what reports throughput.
+A step in which requests join (their prompts prefill; they start with their first token, without drafts)
+costs that mode's mean time of steps that prefill in the same spec_bench run (``step_time.all_steps`` less
+``decode_steps``), and the policy is not shown its time, as in the engine; ``--no-prefill-cost`` prices it as
+a decode step instead. Use it to compare policy settings on the same traces; the H200's spec_bench is what
+reports throughput.
 
 Output JSON: per (dataset, batch size) the tokens/s of plain, of each always-speculative mode and of auto,
 auto's ratios, and the share of auto's steps per mode.
@@ -71,19 +74,29 @@ class _Sched:
 class StepTimes:
     """Seconds per step of (mode, batch size) measured on the target machine, looked up by batch bucket."""
 
-    def __init__(self, table: dict[str, dict[int, float]], noise: float, rng: random.Random) -> None:
+    def __init__(
+        self,
+        table: dict[str, dict[int, float]],
+        noise: float,
+        rng: random.Random,
+        prefill: dict[str, dict[int, float]] | None = None,
+    ) -> None:
         self.table, self.noise, self.rng = table, noise, rng
+        self.prefill = prefill or {}  # {mode: {batch: seconds}} of steps that prefill
 
     def modes(self) -> list[str]:
         return list(self.table)
 
-    def mean(self, mode: str, num_seqs: int) -> float:
-        row = self.table[mode]
+    def mean(self, mode: str, num_seqs: int, prefill: bool = False) -> float:
+        """Seconds of a step of ``mode`` at the measured batch size nearest ``num_seqs`` (log scale); with
+        ``prefill``, of a step that also prefills (a decode step's where that was not measured)."""
+        row = self.prefill.get(mode) if prefill else None
+        row = row or self.table[mode]
         near = min(row, key=lambda b: (abs(math.log2(b) - math.log2(num_seqs)), -b))
         return row[near]
 
-    def sample(self, mode: str, num_seqs: int) -> float:
-        return self.mean(mode, num_seqs) * math.exp(self.rng.gauss(0.0, self.noise))
+    def sample(self, mode: str, num_seqs: int, prefill: bool = False) -> float:
+        return self.mean(mode, num_seqs, prefill) * math.exp(self.rng.gauss(0.0, self.noise))
 
 
 def step_times_from_spec_bench(
@@ -118,6 +131,30 @@ def step_times_from_spec_bench(
             f"the spec_bench JSON needs a plain system and an always-decoupled or -parallel {method} system"
         )
     return table, profile
+
+
+def prefill_step_times_from_spec_bench(
+    doc: dict[str, Any], method: str, dataset: str | None = None
+) -> dict[str, dict[int, float]]:
+    """{mode: {batch: seconds}}: the mean time of the steps that also prefilled, per fixed-mode system of
+    ``method`` and the plain system, from each run's ``step_time`` (all steps' total less the decode steps';
+    averaged over datasets unless ``dataset``). Runs without step counts or without such steps are skipped."""
+    sums: dict[str, dict[int, list[float]]] = {}
+    for r in doc["runs"]:
+        if "step_time" not in r or (dataset and r["dataset"] != dataset):
+            continue
+        cfg = r.get("speculative_config") or {}
+        if r["system"] != "plain" and cfg.get("method") != method:
+            continue
+        mode = "plain" if r["system"] == "plain" else cfg.get("execution")
+        every, decode = r["step_time"].get("all_steps"), r["step_time"]["decode_steps"]
+        if mode not in ("plain", "decoupled", "parallel") or not every or "num_steps" not in decode:
+            continue
+        n = every["num_steps"] - decode["num_steps"]
+        if n > 0:
+            ms = (every["step_ms"] * every["num_steps"] - decode["step_ms"] * decode["num_steps"]) / n
+            sums.setdefault(mode, {}).setdefault(r["batch_size"], []).append(ms / 1e3)
+    return {m: {b: sum(v) / len(v) for b, v in row.items()} for m, row in sums.items()}
 
 
 class Replay:
@@ -162,8 +199,10 @@ class Replay:
         counts: dict[str, int] = {}
         prev = None
         while pending or running:
+            joined = False  # prompts prefill in this step
             while pending and len(running) < batch_size:
                 running.append(_Seq(pending.popleft(), max_tokens))
+                joined = True
             n = len(running)
             if mode is None:
                 decision = self.policy.decide(_Sched([_Scheduled(s) for s in running]))
@@ -176,7 +215,7 @@ class Replay:
             cost_mode = chosen
             if chosen == "plain" and any(verifying):
                 cost_mode = prev if prev in self.times.modes() and prev != "plain" else self._spec_mode()
-            seconds = self.times.sample(cost_mode, n)
+            seconds = self.times.sample(cost_mode, n, prefill=joined)
             clock += seconds
             for s, verifies in zip(running, verifying):
                 drafts = min(self.k, max(s.remaining - 1, 0)) if verifies else 0
@@ -192,7 +231,8 @@ class Replay:
                     self.policy.observe_request(s, drafts, accepted)
                 s.has_drafts = chosen != "plain"
             if mode is None:
-                self.policy.observe(chosen, n, seconds, metrics.per_position_acceptance, previous=prev)
+                timed = None if joined else seconds  # the engine times decode steps only
+                self.policy.observe(chosen, n, timed, metrics.per_position_acceptance, previous=prev)
             prev = chosen
             running = [s for s in running if s.remaining > 0]
         return {"tokens": tokens, "seconds": clock, "tokens_per_s": tokens / clock, "steps": counts}
@@ -217,6 +257,11 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
         "one fixed prompt whose drafts may be worse or better than the workload's)",
     )
     p.add_argument("--noise", type=float, default=0.05, help="sigma of the log-normal step-time noise")
+    p.add_argument(
+        "--no-prefill-cost",
+        action="store_true",
+        help="price steps in which requests join as decode steps (the replay before session 21)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--set",
@@ -274,8 +319,9 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     )
     spec = json.loads(traces_doc["config"]["speculative_config"])
     table, profile = step_times_from_spec_bench(bench_doc, spec["method"])
+    prefill = {} if args.no_prefill_cost else prefill_step_times_from_spec_bench(bench_doc, spec["method"])
     rng = random.Random(args.seed)
-    times = StepTimes(table, args.noise, rng)
+    times = StepTimes(table, args.noise, rng, prefill)
     k = traces_doc["num_speculative_tokens"]
     traces = {d: [t["accepted"] for t in ts] for d, ts in traces_doc["traces"].items()}
     rep = Replay(spec, times, k)
@@ -313,6 +359,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             points.append(point)
     return {
         "table_ms": {m: {b: t * 1e3 for b, t in row.items()} for m, row in table.items()},
+        "prefill_table_ms": {m: {b: t * 1e3 for b, t in row.items()} for m, row in prefill.items()},
         "points": points,
     }
 

@@ -47,7 +47,7 @@ def test_trace_predicts_every_verification_of_a_real_decoupled_run(engine):
             assert t["accepted"][pos] == accepted, (sid, pos)
 
 
-def _docs(tmp_path, accepted: int, steps_ms: dict[str, float]):
+def _docs(tmp_path, accepted: int, steps_ms: dict[str, float], prefill_ms: dict[str, float] | None = None):
     traces = {
         "schema": "flexspec.bench.acceptance_trace/1",
         "config": {"speculative_config": json.dumps({"method": "dflash", "model": "unused"})},
@@ -59,9 +59,11 @@ def _docs(tmp_path, accepted: int, steps_ms: dict[str, float]):
         cfg = None if mode is None and system == "plain" else {"method": "dflash", "execution": mode}
         for b in (1, 4):
             run = {"dataset": "gsm8k", "system": system, "batch_size": b, "speculative_config": cfg}
-            run["step_time"] = {
-                "decode_steps": {"step_ms": steps_ms["plain" if system == "plain" else "spec"]}
-            }
+            kind = "plain" if system == "plain" else "spec"
+            run["step_time"] = {"decode_steps": {"step_ms": steps_ms[kind], "num_steps": 100}}
+            if prefill_ms is not None:  # 10 more steps that prefilled, at prefill_ms each
+                total = steps_ms[kind] * 100 + prefill_ms[kind] * 10
+                run["step_time"]["all_steps"] = {"step_ms": total / 110, "num_steps": 110}
             if system == "dflash-auto":
                 run["speculation_profile_ms"] = {"plain@1": 1.0, "decoupled@1": 2.0, "plain@4": 1.0}
             runs.append(run)
@@ -88,6 +90,22 @@ def test_replay_follows_what_the_drafts_are_worth(tmp_path, accepted):
             assert p["auto_steps"].get("decoupled", 0) > p["auto_steps"].get("plain", 0)
         else:
             assert 0.95 < p["auto_vs_plain"] <= 1.0 + 1e-9 and p["decoupled"] < 0.6 * p["plain"]
+
+
+def test_steps_that_prefill_cost_what_spec_bench_measured(tmp_path):
+    """Steps in which requests join cost each mode's measured prefill-step time (all steps less decode steps):
+    with speculative prefill steps at 40 ms against 1 ms for plain, always-decoupled loses what it gained."""
+    args = _docs(tmp_path, 6, {"plain": 1.0, "spec": 2.0}, {"plain": 1.0, "spec": 40.0}) + [
+        "--max-tokens",
+        "64",
+    ]
+    priced, unpriced = replay_main(args), replay_main([*args, "--no-prefill-cost"])
+    assert priced["prefill_table_ms"]["decoupled"][4] == pytest.approx(40.0)
+    assert priced["prefill_table_ms"]["plain"][1] == pytest.approx(1.0)
+    assert unpriced["prefill_table_ms"] == {}
+    for with_cost, without in zip(priced["points"], unpriced["points"]):
+        assert with_cost["plain"] == pytest.approx(without["plain"], rel=0.1)
+        assert with_cost["decoupled"] < 0.8 * without["decoupled"]
 
 
 def test_overrides_name_real_constants():
