@@ -99,6 +99,18 @@ class StepTimes:
         return self.mean(mode, num_seqs, prefill) * math.exp(self.rng.gauss(0.0, self.noise))
 
 
+def _runs_by_mode(doc: dict[str, Any], method: str, dataset: str | None):
+    """(mode, run) for every run with step times of the plain system ("plain") and of ``method``'s systems
+    (their ``execution``: "decoupled", "parallel", or "auto" / None), of ``dataset`` or all."""
+    for r in doc["runs"]:
+        if "step_time" not in r or (dataset and r["dataset"] != dataset):
+            continue
+        cfg = r.get("speculative_config") or {}
+        if r["system"] != "plain" and cfg.get("method") != method:
+            continue
+        yield ("plain" if r["system"] == "plain" else cfg.get("execution")), r
+
+
 def step_times_from_spec_bench(
     doc: dict[str, Any], method: str, dataset: str | None = None
 ) -> tuple[dict, dict]:
@@ -110,13 +122,7 @@ def step_times_from_spec_bench(
         ValueError: no plain system, or no fixed-execution system of ``method``."""
     sums: dict[str, dict[int, list[float]]] = {}
     profile: dict[tuple[str, int], float] = {}
-    for r in doc["runs"]:
-        if "step_time" not in r or (dataset and r["dataset"] != dataset):
-            continue
-        cfg = r.get("speculative_config") or {}
-        if r["system"] != "plain" and cfg.get("method") != method:
-            continue
-        mode = "plain" if r["system"] == "plain" else cfg.get("execution")
+    for mode, r in _runs_by_mode(doc, method, dataset):
         if mode not in ("plain", "decoupled", "parallel"):  # an auto system: its warm-up profile only
             if not profile and r.get("speculation_profile_ms"):
                 for key, ms in r["speculation_profile_ms"].items():
@@ -140,13 +146,7 @@ def prefill_step_times_from_spec_bench(
     ``method`` and the plain system, from each run's ``step_time`` (all steps' total less the decode steps';
     averaged over datasets unless ``dataset``). Runs without step counts or without such steps are skipped."""
     sums: dict[str, dict[int, list[float]]] = {}
-    for r in doc["runs"]:
-        if "step_time" not in r or (dataset and r["dataset"] != dataset):
-            continue
-        cfg = r.get("speculative_config") or {}
-        if r["system"] != "plain" and cfg.get("method") != method:
-            continue
-        mode = "plain" if r["system"] == "plain" else cfg.get("execution")
+    for mode, r in _runs_by_mode(doc, method, dataset):
         every, decode = r["step_time"].get("all_steps"), r["step_time"]["decode_steps"]
         if mode not in ("plain", "decoupled", "parallel") or not every or "num_steps" not in decode:
             continue
