@@ -26,7 +26,7 @@ import triton.language as tl
 from ._dispatch import Backend, use_triton
 from .norm import rms_norm_ref
 from .rotary import rotary_embedding_ref
-from .skinny_linear import _check_args as _check_linear_args
+from .skinny_linear_torch import _check_args as _check_linear_args
 
 MAX_ROWS = 2  # rows of x one launch handles (the gemv form: weight tile in registers, rows looped)
 GEMV_TILE = 8192  # weight elements per program (as ``flexspec_kernels.skinny_linear``'s gemv form)
