@@ -34,7 +34,7 @@ class PendingSpecStep:
     inp: ModelInput
     rows: torch.Tensor  # pinned host memory (a view of the worker's readback buffer)
     event: torch.cuda.Event | None  # None on CPU (copied synchronously)
-    logits: torch.Tensor  # [T, V] fp32 on the device (logprobs at collect time)
+    logits: torch.Tensor  # [N, V] fp32 on the device, one row per logits row (logprobs at collect time)
     starts: list[int]  # [S_emit] first logits row of each emitting sequence
     max_drafts: int  # K: drafts verified by the longest query
 
@@ -45,12 +45,12 @@ class SpecDecodeWorker:
     A verification step whose drafts are deterministic and whose drafter drafts on the device
     (``Drafter.proposes_on_device``: DFlash, FlexDraft decoupled) runs *device-side*: target sampling, the
     acceptance test, the drafter's context update and its next block are enqueued back to back, and the host
-    reads the result once; with DFlash (``proposes_mixed_on_device``) also when the step prefills prompt chunks
-    next to the verified queries (chunked prefill in a speculative batch). ``launch`` enqueues such a step and
-    ``collect`` reads it back, so the engine can overlap the previous step's output processing with it, as for
-    plain steps. Other steps verify on the host
-    first, then draft (``execute``'s general path). The config's ``device_verification: false`` forces the
-    general path (A/B checks and benchmarks).
+    reads the result once; for ``proposes_mixed_on_device`` drafters (DFlash, FlexDraft decoupled) also when
+    the step prefills prompt chunks next to the verified queries (chunked prefill in a speculative batch).
+    ``launch`` enqueues such a step and ``collect`` reads it back, so the engine can overlap the previous step's
+    output processing with it, as for plain steps. Other steps verify on the host first, then draft
+    (``execute``'s general path). The config's ``device_verification: false`` forces the general path (A/B
+    checks and benchmarks).
     """
 
     def __init__(self, runner: ModelRunner, config) -> None:
