@@ -66,9 +66,6 @@ class Drafter(ABC):
     # True when ``propose_on_device`` drafts from device tensors without a host sync (deterministic drafts),
     # so the worker may verify and draft in one device-side step.
     proposes_on_device: ClassVar[bool] = False
-    # True when ``propose_on_device`` also takes steps that prefill prompt chunks next to the verified decode
-    # queries (chunked prefill mixed into a speculative batch), so such steps verify on the device too.
-    proposes_mixed_on_device: ClassVar[bool] = False
 
     def __init__(self, config, runner: ModelRunner) -> None:
         self.config = config
@@ -117,7 +114,7 @@ class Drafter(ABC):
 
     def propose_on_device(
         self,
-        inp,  # ModelInput of a verification step: every sequence's query is [last token, drafts...]
+        inp,  # ModelInput of a verification step: queries [last token, drafts...] (and prompt chunks)
         tokens: torch.Tensor,  # [S, K + 1] int64: the target's token at each of the sequence's logits rows
         accepted: torch.Tensor,  # [S] int64: accepted drafts a (the step emits tokens[s, :a + 1])
         captured: list[torch.Tensor],  # ``capture_layers`` outputs for the step's rows, [>= T, H] each
@@ -128,7 +125,7 @@ class Drafter(ABC):
         worker also cuts to ``num_speculative_tokens`` and to the room left). When ``inp.num_speculative_tokens``
         is 0 (the step only verifies), drafters update their state only and may return D = 0.
 
-        ``proposes_mixed_on_device`` drafters also get steps where some queries are prompt chunks (no drafts,
+        Some queries may be prompt chunks (chunked prefill in a speculative batch: no drafts,
         every input committed): a chunk that ends its prompt emits ``tokens[s, 0]`` (its last row's logits),
         the others emit nothing (``inp.samples[s]`` False; their ``tokens`` rows are meaningless and their
         drafts are dropped)."""

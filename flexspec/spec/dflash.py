@@ -245,10 +245,6 @@ class DFlashDrafter(Drafter):
     def proposes_on_device(self) -> bool:  # type: ignore[override]
         return self.greedy_drafts
 
-    @property
-    def proposes_mixed_on_device(self) -> bool:  # type: ignore[override]
-        return self.greedy_drafts
-
     @torch.inference_mode()
     def propose_on_device(
         self, inp, tokens: torch.Tensor, accepted: torch.Tensor, captured: list[torch.Tensor]
@@ -284,15 +280,10 @@ class DFlashDrafter(Drafter):
         meta = host.to(dev, non_blocking=True)  # [S, 6 + W]
         ctx, n, first_row, ready_t = meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] > 0
         num_drafts, emits, table = meta[:, 4], meta[:, 5] > 0, meta[:, 6:]
-        if all(q == d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens)):  # [last token, drafts...]
-            committed = accepted + 1  # [S] the last token and the accepted drafts
-            feats, pos, slots = self._decode_context_rows(
-                captured, tokens.shape[1], ctx, n, first_row, committed, ready_t, table
-            )
-        else:  # prompt chunks too: one row per input token
-            committed = n - num_drafts + accepted  # [S] the query less its rejected drafts
-            feats, pos, slots = self._step_context_rows(captured, inp.num_tokens, ctx, n, first_row, committed,
-                                                        ready_t, table)  # fmt: skip
+        committed = n - num_drafts + accepted  # [S] the query less its rejected drafts
+        feats, pos, slots = self._context_rows(
+            captured, inp.num_tokens, ctx, n, first_row, committed, ready_t, table
+        )
         if held[0]:
             target_slots, held_pos, held_slots = torch.tensor(held).to(dev, non_blocking=True)
             feats = torch.cat([self._held_features(target_slots), feats])
@@ -305,8 +296,7 @@ class DFlashDrafter(Drafter):
         if inp.num_speculative_tokens == 0:  # the step only verifies: context written, no block
             return accepted.new_zeros(S, 0), accepted.new_zeros(S)
         bonus = tokens.gather(1, accepted[:, None]).squeeze(1)  # [S]
-        # a prompt chunk that does not end its prompt emits no token to draft from
-        drafting = ready_t if all(inp.samples) else ready_t & emits
+        drafting = ready_t & emits  # a prompt chunk that does not end its prompt emits no token to draft from
         ctx_lens = torch.where(drafting, ctx + committed, 0).to(torch.int32)  # [S]
         tables_t = table.to(torch.int32)
         block = self._graphs
@@ -316,24 +306,11 @@ class DFlashDrafter(Drafter):
             drafts, keep = self._greedy_block(bonus, ctx_lens, tables_t)
         return drafts, torch.where(drafting, keep, 0)
 
-    def _decode_context_rows(self, captured, q, ctx, n, first_row, committed, ready, table):
-        """Context rows of a step of decode queries (``n`` <= ``q`` = K + 1 rows each), laid out [S, q] (a
-        shorter query repeats its last row, with slot -1). Returns feats [S*q, n*H], positions and slots
-        [S*q] (slot -1: not committed, or no drafter cache)."""
-        dev = ctx.device
-        j = torch.minimum(torch.arange(q, device=dev)[None, :], n[:, None] - 1)  # [S, q] row in the query
-        pos = ctx[:, None] + j  # [S, q]
-        bs = self.cache.block_size
-        slots = table.gather(1, (pos // bs).clamp(max=table.shape[1] - 1)) * bs + pos % bs
-        commit = (torch.arange(q, device=dev)[None, :] < committed[:, None]) & ready[:, None]
-        slots = torch.where(commit, slots, -1)
-        rows = (first_row[:, None] + j).view(-1)  # [S*q] rows of ``captured``
-        feats = torch.cat([captured[i].index_select(0, rows) for i in self._feature_index], -1)
-        return feats, pos.view(-1), slots.view(-1)
-
-    def _step_context_rows(self, captured, num_tokens, ctx, n, first_row, committed, ready, table):
-        """Context rows of a step whose queries may be prompt chunks: one per input token (T =
-        ``num_tokens``), in input order. Returns feats [T, n*H], positions and slots [T]."""
+    def _context_rows(self, captured, num_tokens, ctx, n, first_row, committed, ready, table):
+        """Context rows of a step, one per input token (T = ``num_tokens``, in input order): sequence s's query
+        of ``n[s]`` rows from ``first_row[s]`` at positions ``ctx[s] ..``, its first ``committed[s]`` rows
+        written (slot -1 for the rest, and for sequences not ``ready``). Returns feats [T, n*H], positions and
+        slots [T]."""
         dev = ctx.device
         seqs = torch.arange(ctx.shape[0], device=dev)
         seq = torch.repeat_interleave(seqs, n, output_size=num_tokens)  # [T] each row's sequence

@@ -152,7 +152,6 @@ class FlexDraftDrafter(Drafter):
 
     # ---- drafting -----------------------------------------------------------------------------------------
     proposes_on_device = True  # decoupled steps; parallel steps carry a side stream and verify on the host
-    proposes_mixed_on_device = True  # decoupled steps with prompt chunks too
 
     @torch.inference_mode()
     def propose_on_device(

@@ -45,8 +45,8 @@ class SpecDecodeWorker:
     A verification step whose drafts are deterministic and whose drafter drafts on the device
     (``Drafter.proposes_on_device``: DFlash, FlexDraft decoupled) runs *device-side*: target sampling, the
     acceptance test, the drafter's context update and its next block are enqueued back to back, and the host
-    reads the result once; for ``proposes_mixed_on_device`` drafters (DFlash, FlexDraft decoupled) also when
-    the step prefills prompt chunks next to the verified queries (chunked prefill in a speculative batch).
+    reads the result once, also when the step prefills prompt chunks next to the verified queries (chunked
+    prefill in a speculative batch).
     ``launch`` enqueues such a step and ``collect`` reads it back, so the engine can overlap the previous step's
     output processing with it, as for plain steps. Other steps verify on the host first, then draft
     (``execute``'s general path). The config's ``device_verification: false`` forces the general path (A/B
@@ -202,8 +202,8 @@ class SpecDecodeWorker:
     def _runs_on_device(self, inp: ModelInput) -> bool:
         """Whether this step can verify and draft without a host sync in between: one rank, a drafter that
         drafts deterministically on the device, and either every sequence an emitting query ``[last token,
-        drafts...]`` (no drafts is fine: the first step of speculation) with logits on every row, or, for
-        ``proposes_mixed_on_device`` drafters, decode queries next to prompt chunks (``_mixed_layout``). A
+        drafts...]`` (no drafts is fine: the first step of speculation) with logits on every row (checked
+        first: no per-token work), or such queries next to prompt chunks (``_mixed_layout``). A
         step that verifies drafts but proposes none (the policy switching to plain decoding) runs here too:
         the drafter then only updates its state (``propose_on_device`` with ``num_speculative_tokens == 0``)."""
         if not (
@@ -220,7 +220,7 @@ class SpecDecodeWorker:
             and all(q == d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens))
         ):
             return True
-        return self.drafter.proposes_mixed_on_device and inp.spec_mode != "parallel" and _mixed_layout(inp)
+        return inp.spec_mode != "parallel" and _mixed_layout(inp)
 
     def can_launch(self, inp: ModelInput) -> bool:
         """Whether ``inp`` is a verification step that ``launch`` can enqueue and ``collect`` finish later
@@ -253,10 +253,7 @@ class SpecDecodeWorker:
         if 0 in inp.context_lens:
             self._forget([sid for sid, c in zip(inp.seq_ids, inp.context_lens) if self._recomputed(sid, c)])
         S, K = len(inp.seq_ids), max(inp.num_draft_tokens)
-        if len(inp.logits_indices) == inp.num_tokens:  # logits on every row: decode queries only
-            starts = _cumsum(inp.query_lens)[:-1]
-        else:  # prompt chunks too: an emitting one has its last row's logits, the others none (row 0 read)
-            starts = _emitting_starts(inp)
+        starts = _emitting_starts(inp)
         qsl = _cumsum(inp.query_lens)
         drafts = [0] * (S * K)
         for s, d in enumerate(inp.num_draft_tokens):
@@ -364,8 +361,8 @@ def _mixed_layout(inp: ModelInput) -> bool:
 
 
 def _emitting_starts(inp: ModelInput) -> list[int]:
-    """[S] first logits row of each sequence (``_mixed_layout``): an emitting sequence owns its drafts + 1
-    rows; a sequence that emits nothing gets row 0 (read, then dropped)."""
+    """[S] first logits row of each sequence: an emitting sequence owns its drafts + 1 rows (every row of a
+    decode query, a prompt chunk's last); a sequence that emits nothing gets row 0 (read, then dropped)."""
     starts, r = [], 0
     for d, emits in zip(inp.num_draft_tokens, inp.samples):
         starts.append(r if emits else 0)
