@@ -28,7 +28,7 @@ def _fail(message: str, code: int = 2) -> None:
 
 @app.command()
 def generate(
-    prompt: str = typer.Argument(..., help="Prompt text (a user message when --chat)."),
+    prompt: str = typer.Argument(..., metavar="PROMPT", help="Prompt text (a user message when --chat)."),
     model: str = typer.Option("smollm2-135m-instruct", help="Model id, HF folder or .gguf file."),
     max_tokens: int = typer.Option(128, help="Maximum output tokens."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
@@ -110,7 +110,7 @@ def generate(
 
 @app.command("prepare-model")
 def prepare_model(
-    model: str = typer.Argument("smollm2-135m-instruct", help="Model id, folder or .gguf."),
+    model: str = typer.Argument("smollm2-135m-instruct", metavar="MODEL", help="Model id, folder or .gguf."),
 ) -> None:
     """Resolve MODEL and cache GGUF weights as safetensors, so later loads take seconds."""
     from flexspec.models.loader import resolve_model_dir

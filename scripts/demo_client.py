@@ -105,8 +105,8 @@ def spec_summary(counters: dict[str, float]) -> str:
     steps = sum(modes.values())
     plain = modes.get("plain", 0.0)
     share = (
-        f"; the policy speculated in {steps - plain:.0f} of {steps:.0f} steps (plain decoding where it "
-        "expected that to be faster)"
+        f"; the policy speculated in {steps - plain:.0f} of {steps:.0f} steps (each speculative stretch starts "
+        "with a step that has no drafts to verify; plain decoding where it expected that to be faster)"
         if steps
         else ""
     )
