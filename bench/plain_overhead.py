@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
         ]
     systems = [*plain, *expand_configs(args.speculative_config, None)]
     plain_labels = {s["label"] for s in plain}
-    env_split_kv, env_fused_decode = attention_split.SPLIT_KV, fused.DECODE_FUSIONS
+    env_split_kv, env_fused_decode = attention_split.split_kv_setting(), fused.DECODE_FUSIONS
     report = JsonReport(
         args.output,
         {

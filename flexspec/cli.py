@@ -69,8 +69,11 @@ def generate(
     if not prompt:
         _fail("prompt must not be empty")
 
+    # importing the kernels reads no FLEXSPEC_* variable (the engine's modules below do)
+    from flexspec_kernels._dispatch import EnvSettingError
+
     try:
-        # FLEXSPEC_* environment variables are read as the engine's modules are imported (some lazily, below)
+        # FLEXSPEC_* environment variables are read as the engine's modules are imported and when it starts
         from flexspec.engine.llm_engine import LLMEngine
 
         engine = LLMEngine(config)
@@ -85,11 +88,7 @@ def generate(
         elapsed = time.perf_counter() - t0
     except FlexspecError as e:
         _fail(e.message)
-    except ValueError as e:
-        # flexspec_kernels._dispatch.EnvSettingError, matched by its message: the module that defines it may be
-        # the one that failed to import
-        if not str(e).startswith("FLEXSPEC_"):
-            raise
+    except EnvSettingError as e:
         _fail(str(e))
     result = {
         "text": out.text,

@@ -43,7 +43,20 @@ class SplitKVPartials(NamedTuple):
     part_ml: torch.Tensor
 
 
-SPLIT_KV = parse_split_kv(os.environ.get("FLEXSPEC_SPLIT_KV", "auto"))
+# ``FLEXSPEC_SPLIT_KV``, parsed at first use (``split_kv_setting``) so that importing the kernels never raises
+# (front ends import EnvSettingError from here to report a bad value); benchmarks and tests assign it directly.
+SPLIT_KV: str | None = None
+
+
+def split_kv_setting() -> str:
+    """The split-KV setting ("auto", "0" or a power of two): ``SPLIT_KV`` once set, else ``FLEXSPEC_SPLIT_KV``
+    (default "auto"), read and checked on the first call. Raises EnvSettingError naming the variable."""
+    global SPLIT_KV
+    if SPLIT_KV is None:
+        SPLIT_KV = parse_split_kv(os.environ.get("FLEXSPEC_SPLIT_KV", "auto"))
+    return SPLIT_KV
+
+
 # Engine decode steps on the H200 (session 19, ms per step over 3 rounds of 200 steps, 10 -> 610 output tokens):
 # b=64 1 split 1.23 / 1.40 / 1.58, 2 splits 1.23 / 1.34 / 1.47; b=32 2 splits 1.12 / 1.21 / 1.29, 4 splits
 # 1.11 / 1.16 / 1.21; b=16 4 and 8 splits within 1%; b=8 8 splits 0.97 / 1.01 / 1.03, unsplit 1.10 / 1.24 / 1.38.
@@ -62,8 +75,9 @@ def num_splits_for(num_programs: int, max_query_len: int, device: torch.device) 
     (decode, verification); 1 elsewhere and on CPU. For the default model's decode steps on the H200 (132 SMs; the
     grid counts ``T // BLOCK_Q + S`` query tiles x 3 KV heads): 16 splits at batch 1-8, 8 at 16, 4 at 32, 2 at 64.
     ``0`` turns it off; a number forces that many splits."""
-    if SPLIT_KV != "auto":
-        return max(1, int(SPLIT_KV))
+    setting = split_kv_setting()
+    if setting != "auto":
+        return max(1, int(setting))
     if device.type != "cuda" or max_query_len > 16:
         return 1
     idx = device.index if device.index is not None else torch.cuda.current_device()

@@ -19,6 +19,7 @@ from flexspec.layers.rotary import RotaryEmbedding
 from flexspec.models.loader import load_config, load_weights, resolve_model_dir
 from flexspec.models.registry import build_model
 from flexspec.models.spec import ModelSpec
+from flexspec_kernels.attention_split import split_kv_setting
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class ModelRunner:
         self, config: EngineConfig, tp: TPGroup | None = None, device: torch.device | None = None
     ) -> None:
         self.config = config
+        split_kv_setting()  # FLEXSPEC_SPLIT_KV checked at start on every device (EnvSettingError naming it)
         self.tp = tp or TPGroup()
         self.device = device or resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)

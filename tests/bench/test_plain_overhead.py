@@ -75,7 +75,7 @@ def test_split_kv_systems_each_capture_their_own_setting(tmp_path, monkeypatch, 
         real(self, *a, **kw)
 
     monkeypatch.setattr(llm_engine.LLMEngine, "__init__", init)
-    before = (attention_split.SPLIT_KV, fused.DECODE_FUSIONS)
+    before = (attention_split.split_kv_setting(), fused.DECODE_FUSIONS)
     out = tmp_path / "po.json"
     plain_overhead.main([*ARGS, "--batch-sizes", "2", "--steps", "3", "--repeats", "2",
                          "--split-kv", "0,auto", "--output", str(out)])  # fmt: skip
