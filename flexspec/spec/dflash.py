@@ -256,20 +256,27 @@ class DFlashDrafter(Drafter):
         ``propose``, fed from device tensors. Sequences whose drafter cache cannot hold the step's positions
         write nothing, read no context and keep 0 drafts."""
         dev, S = self.device, tokens.shape[0]
-        evictable = set(self.cache.tables) - set(inp.seq_ids)
+        cache_tables, bs = self.cache.tables, self.cache.block_size
+        evictable: set[int] | None = None  # sequences outside the step, computed when blocks run short
         ok: list[int] = []
         tables: list[list[int]] = []
         row0, r = [], 0
         for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
-            ready = self.cache.reserve(sid, ctx + n, evictable)  # committed positions reach ctx + n - 1
-            ok.append(int(ready))
-            tables.append(self.cache.tables[sid] if ready else [])
+            table = cache_tables.get(sid)
+            # committed positions reach ctx + n - 1: most steps find them addressable already
+            if table is None or len(table) * bs < ctx + n:
+                if evictable is None and len(self.cache.free_blocks) * bs < ctx + n:
+                    evictable = set(cache_tables) - set(inp.seq_ids)
+                table = cache_tables[sid] if self.cache.reserve(sid, ctx + n, evictable) else None
+            ok.append(table is not None)
+            tables.append(table or [])
             row0.append(r)
             r += n
         held: _Held = ([], [], [])  # positions left by plain steps: written with this step's context
-        for sid, c, tbl in zip(inp.seq_ids, inp.context_lens, inp.block_tables):
-            self._take_pending(sid, c, tbl, held)
-        held = self._flush_if_large(held, captured)
+        if self._pending_from:
+            for sid, c, tbl in zip(inp.seq_ids, inp.context_lens, inp.block_tables):
+                self._take_pending(sid, c, tbl, held)
+            held = self._flush_if_large(held, captured)
         width = max(len(t) for t in tables) or 1
         host = torch.tensor(
             [[c, n, r0, o, d, int(e), *t, *[0] * (width - len(t))]

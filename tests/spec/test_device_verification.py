@@ -159,3 +159,51 @@ def test_preempted_prompts_start_their_drafter_state_over_on_the_device(engine):
         seen.update(inp.seq_ids)
     assert preemptions > 0 and recomputed > 0
     assert dev_out == host_out == want and dev_steps == host_steps
+
+
+@pytest.mark.parametrize("evictable", [True, False], ids=["evicts-an-idle-sequence", "nothing-to-evict"])
+def test_drafter_cache_short_of_blocks(plain_128, evictable):
+    """DFlash's own KV cache runs short of blocks (all but 6 taken before the run). Held by a sequence outside
+    the batch, they are taken back from it (evicted) and the device-side steps emit the host path's tokens and
+    drafts. With nothing to evict, sequences that get no blocks write no drafter context and keep no drafts;
+    the device-side step reserves blocks for the whole query (its accepted length is known on the device only)
+    where the host path reserves the committed positions, so the two may draft differently under that pressure,
+    but both emit plain decoding's outputs."""
+    spec = {**SPECS["dflash"], "execution": "decoupled", "num_speculative_tokens": 7}
+    eng = spec_engine(spec, max_num_seqs=4)
+    cache = eng.executor.runner.spec_worker.drafter.cache
+    prompts, want = plain_128
+    prompts, want = prompts[:4], [w[:40] for w in want[:4]]
+    params = SamplingParams(max_tokens=40, temperature=0)
+    refused: list[int] = []
+    reserve = cache.reserve
+
+    def counted(seq_id, num_tokens, evictable=None):
+        ok = reserve(seq_id, num_tokens, evictable)
+        refused.extend([] if ok else [seq_id])
+        return ok
+
+    def run(device: bool):
+        hog = [cache.free_blocks.popleft() for _ in range(len(cache.free_blocks) - 6)]
+        if evictable:
+            cache.tables[-1] = hog  # a sequence that is not in any step
+        try:
+            return _run(eng, prompts, params, device), -1 not in cache.tables
+        finally:
+            left = cache.tables.pop(-1, None) if evictable else hog
+            cache.free_blocks.extend(left or [])
+
+    cache.reserve = counted
+    try:
+        (dev_out, dev_steps, dev_metrics, n_device), dev_evicted = run(True)
+        dev_refused, refused[:] = list(refused), []
+        (host_out, host_steps, host_metrics, _), host_evicted = run(False)
+    finally:
+        del cache.reserve
+    assert dev_out == host_out == want and n_device > 0
+    if evictable:
+        assert dev_evicted and host_evicted and not dev_refused
+        assert dev_steps == host_steps and dev_metrics == host_metrics
+        assert dev_metrics["num_accepted_tokens"] > 0
+    else:
+        assert dev_refused and refused  # both paths ran short
