@@ -37,12 +37,29 @@ class SamplingMetadata:
         self.rows = rows
         self.device = device
         self.max_num_logprobs = max_num_logprobs
-        self.seeds = [r[3] for r in rows]  # [N]
-        self.offsets = [r[4] for r in rows]  # [N]
+        # the only field a greedy step reads (one pass over N rows; the others are computed when asked: a
+        # verification step at batch 64 has ~1000 rows)
         self.all_greedy = all(r[0] == 0.0 for r in rows)
-        self.any_greedy = any(r[0] == 0.0 for r in rows)
-        self.need_top_k = any(r[2] > 0 for r in rows)
-        self.need_top_p = any(r[1] < 1.0 for r in rows)
+
+    @cached_property
+    def seeds(self) -> list[int]:  # [N]
+        return [r[3] for r in self.rows]
+
+    @cached_property
+    def offsets(self) -> list[int]:  # [N]
+        return [r[4] for r in self.rows]
+
+    @cached_property
+    def any_greedy(self) -> bool:
+        return any(r[0] == 0.0 for r in self.rows)
+
+    @cached_property
+    def need_top_k(self) -> bool:
+        return any(r[2] > 0 for r in self.rows)
+
+    @cached_property
+    def need_top_p(self) -> bool:
+        return any(r[1] < 1.0 for r in self.rows)
 
     def _column(self, i: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor([r[i] for r in self.rows], dtype=dtype).to(self.device, non_blocking=True)
