@@ -27,6 +27,24 @@ def plain_128(engine):
     return prompts, [o.token_ids for o in outs]
 
 
+def histories_after(worker, inp, out) -> dict[int, list[int]]:
+    """Seq id -> committed tokens after the step ``inp`` whose output ``out`` the worker just returned (as
+    ``on_worker_outputs`` hands them over), for each emitting sequence: the engine's tokens up to the step's
+    committed inputs (its query less its drafts) + the emitted ones. A device-side step leaves the worker's own
+    histories stale (taken from the engine when next read), so oracles read the engine's; without a token source
+    (a TP worker's process) the worker's history is up to date."""
+    rows = iter(out.token_ids)
+    hists = {}
+    for sid, ctx, q, d, emits in zip(
+        inp.seq_ids, inp.context_lens, inp.query_lens, inp.num_draft_tokens, inp.samples
+    ):
+        if emits:
+            emitted = next(rows)
+            source = worker.token_source(sid) if worker.token_source is not None else None
+            hists[sid] = worker.history[sid] if source is None else source[: ctx + q - d] + list(emitted)
+    return hists
+
+
 @contextlib.contextmanager
 def on_worker_outputs(worker, fn):
     """While active, ``fn(inp, out)`` sees (and may edit) every step output of the speculative ``worker``:

@@ -39,14 +39,18 @@ def _run(eng, prompts, ahead: bool, plain_steps: int):
     rids = [eng.add_request(p, params) for p in prompts]
     seqs = {eng.seqs[r].seq_id: eng.seqs[r] for r in rids}
     final = {}
+    checked = {"read": 0, "stale": 0}
 
     def history_is_the_engines(inp, out) -> None:
         """Where the drafter reads a history (a step that drafts), it is the engine's tokens + this step's
         emitted ones, also after plain steps launched ahead (placeholders) or only marked stale."""
         emitting = [sid for sid, smp in zip(inp.seq_ids, inp.samples) if smp]
         for sid, emitted in zip(emitting, out.token_ids):
-            if sid in seqs and not seqs[sid].is_finished:
+            if sid in worker.stale:  # a device-side step (DFlash): no history read, the engine's taken later
+                checked["stale"] += 1
+            elif sid in seqs and not seqs[sid].is_finished:
                 assert worker.history[sid] == seqs[sid].token_ids + emitted
+                checked["read"] += 1
 
     try:
         with on_worker_outputs(worker, history_is_the_engines):
@@ -59,6 +63,10 @@ def _run(eng, prompts, ahead: bool, plain_steps: int):
     finally:
         del eng.policy.decide, eng.executor.launch
         eng.config.async_scheduling = None
+    # host-verified steps (ngram; any drafter without a token source) read histories, device-side ones
+    # (DFlash in-process) leave them stale
+    device_side = worker.drafter.proposes_on_device and worker.token_source is not None
+    assert checked["stale" if device_side else "read"] > 0
     m = eng.spec_metrics
     return (
         [final[r] for r in rids],

@@ -4,6 +4,8 @@ and the same drafts as one that verifies on the host first (issue 6: the batch-1
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -107,6 +109,32 @@ def test_logprobs_on_device_side_steps(spec_eng):
         got[flag] = (tokens, logprobs)
     eng.executor.runner.spec_worker.device_verification = True
     assert got[True] == got[False] and len(got[True][1]) == len(got[True][0]) == 24
+
+
+def test_device_and_host_verified_steps_alternate(plain_128, spec_eng):
+    """A device-side step leaves the worker's histories stale (the engine's token lists hold the committed
+    tokens) and a host-verified step that follows reads them from there: steps taking the two paths in turn
+    emit the all-host run's tokens and drafts, and plain decoding's outputs."""
+    prompts, want = plain_128
+    prompts, want = prompts[:4], [w[:40] for w in want[:4]]
+    params = SamplingParams(max_tokens=40, temperature=0)
+    worker = spec_eng.executor.runner.spec_worker
+    runs_on_device = worker._runs_on_device
+    steps = itertools.count()
+    host_steps_of: dict[int, bool] = {}  # id(inp) -> verified on the host (asked more than once per step)
+
+    def every_third_on_the_host(inp):
+        host = host_steps_of.setdefault(id(inp), next(steps) % 3 == 2)
+        return runs_on_device(inp) and not host
+
+    worker._runs_on_device = every_third_on_the_host
+    try:
+        mixed_out, mixed_steps, mixed_metrics, n_device = _run(spec_eng, prompts, params, True)
+    finally:
+        del worker._runs_on_device
+    host_out, host_steps, host_metrics, _ = _run(spec_eng, prompts, params, False)
+    assert 0 < n_device < len(mixed_steps) - 5  # both paths, many times
+    assert mixed_out == host_out == want and mixed_steps == host_steps and mixed_metrics == host_metrics
 
 
 @pytest.mark.parametrize("method", sorted(SPECS))

@@ -27,7 +27,7 @@ from flexspec.spec.models.dflash_model import (
     train_attention_mask,
 )
 from tests.conftest import real_prompts
-from tests.spec.conftest import on_worker_outputs, spec_engine
+from tests.spec.conftest import histories_after, on_worker_outputs, spec_engine
 
 MAX_TOKENS = 32
 DECOUPLED = {"execution": "decoupled"}  # draft every step (the auto policy may switch random drafters off)
@@ -54,9 +54,8 @@ def assert_exact_with_oracle(eng, prompts: list[list[int]], ref: list[list[int]]
     def oracle(inp, out) -> None:
         if not out.draft_token_ids:
             return
-        emitting = [sid for sid, smp in zip(inp.seq_ids, inp.samples) if smp]
-        for sid, drafts in zip(emitting, out.draft_token_ids):
-            hist = worker.history[sid]
+        hists = histories_after(worker, inp, out)
+        for hist, drafts in zip(hists.values(), out.draft_token_ids):
             seq = next((t for t in truth if t[: len(hist)] == hist), None)
             if drafts and seq is not None:
                 keep = len(hist) % (len(drafts) + 1)

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from configs import SamplingParams
-from tests.spec.conftest import on_worker_outputs, spec_engine
+from tests.spec.conftest import histories_after, on_worker_outputs, spec_engine
 from tests.spec.test_dspark import dspark_dir  # noqa: F401  (random-init DSpark checkpoint, block 4)
 from tests.spec.test_eagle3 import eagle_dir  # noqa: F401  (random-init EAGLE-3 checkpoint)
 from tests.spec.test_mtp import tiny_target  # noqa: F401  (random 2-layer Llama, the default tokenizer)
@@ -82,9 +82,7 @@ def oracle_drafts(eng, prompts: list[list[int]], ref: list[list[int]]):
     def oracle(inp, out) -> None:  # drafts are replaced where the worker hands them to the engine (all paths)
         if not out.draft_token_ids:
             return
-        emitting = [sid for sid, smp in zip(inp.seq_ids, inp.samples) if smp]
-        for sid, drafts in zip(emitting, out.draft_token_ids):
-            hist = worker.history[sid]
+        for (sid, hist), drafts in zip(histories_after(worker, inp, out).items(), out.draft_token_ids):
             n = len(hist)
             seq = next((t for t in truth if t[:n] == hist), None)
             if not drafts or seq is None:
