@@ -16,7 +16,8 @@ to date (DFlash: ``defer_context``) as it would between speculative stretches. J
 machine; the overhead is each system's time per step over the plain engine's at the same batch size.
 ``--split-kv 0,auto`` builds one plain engine per split-KV setting instead (an in-process A/B of the attention
 kernel's split-KV path, :mod:`flexspec_kernels.attention_split`, in interleaved rounds; ``--decode-first`` for long contexts);
-``--fused-decode 1,0`` likewise for the batch-1/2 decode fusions of :mod:`flexspec_kernels.skinny_attention`.
+``--fused-decode 1,0`` likewise for the batch-1/2 decode fusions of :mod:`flexspec_kernels.skinny_attention`, and
+``--pdl 1,0`` for programmatic dependent launch of the decode kernels (:mod:`flexspec_kernels.pdl`).
 """
 
 from __future__ import annotations
@@ -215,14 +216,14 @@ def _split_kv_list(text: str) -> list[str]:
 
 
 def _bool_list(text: str) -> list[bool]:
-    """``--fused-decode`` values, each read as ``FLEXSPEC_FUSED_DECODE`` is (1 / 0, on / off, ...)."""
+    """``--fused-decode`` / ``--pdl`` values, each read as ``FLEXSPEC_FUSED_DECODE`` is (1 / 0, on / off, ...)."""
     from flexspec_kernels._dispatch import EnvSettingError, env_flag
 
     parts = [v.strip() for v in text.split(",")]
     if not all(parts):
         raise argparse.ArgumentTypeError(f"expected comma-separated 1/0 values, got {text!r}")
     try:
-        return [env_flag("--fused-decode", True, {"--fused-decode": v}) for v in parts]
+        return [env_flag("value", True, {"value": v}) for v in parts]
     except EnvSettingError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -280,6 +281,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
         "value too), baked into its CUDA graphs: batch-1/2 decode with RoPE and the split-KV merge inside the "
         "QKV and O GEMVs, or as launches of their own.",
     )
+    ap.add_argument(
+        "--pdl",
+        type=_bool_list,
+        default=None,
+        help="Comma-separated FLEXSPEC_PDL values (e.g. 1,0): one plain engine each (per --split-kv and "
+        "--fused-decode value too), baked into its CUDA graphs: the decode kernels launched with programmatic "
+        "dependent launch or not.",
+    )
     ap.add_argument("--output", default=None, help="Results JSON (rewritten after every point).")
     args = ap.parse_args(argv)
 
@@ -289,25 +298,29 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
     from flexspec.engine.llm_engine import LLMEngine
     from flexspec.layers import fused
     from flexspec.spec.policy import Decision
-    from flexspec_kernels import attention_split
+    from flexspec_kernels import attention_split, pdl
 
     plain = [{"label": "plain", "config": None}]
-    if args.split_kv or args.fused_decode:
+    if args.split_kv or args.fused_decode or args.pdl:
         plain = [
             {
                 "label": "plain"
                 + (f"-split-kv-{v}" if args.split_kv else "")
-                + (f"-fused-decode-{int(f)}" if args.fused_decode else ""),
+                + (f"-fused-decode-{int(f)}" if args.fused_decode else "")
+                + (f"-pdl-{int(p)}" if args.pdl else ""),
                 "config": None,
                 "split_kv": v,
                 "fused_decode": f,
+                "pdl": p,
             }
             for v in args.split_kv or [None]
             for f in args.fused_decode or [None]
+            for p in args.pdl or [None]
         ]
     systems = [*plain, *expand_configs(args.speculative_config, None)]
     plain_labels = {s["label"] for s in plain}
     env_split_kv, env_fused_decode = attention_split.split_kv_setting(), fused.DECODE_FUSIONS
+    env_pdl = pdl.pdl_setting()
     report = JsonReport(
         args.output,
         {
@@ -326,6 +339,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
         fused.DECODE_FUSIONS = (
             env_fused_decode if system.get("fused_decode") is None else system["fused_decode"]
         )
+        pdl.PDL = env_pdl if system.get("pdl") is None else system["pdl"]
         try:
             engine = LLMEngine(
                 EngineConfig(
@@ -349,7 +363,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
         if engine.policy is not None:
             engine.policy.decide = lambda sched: Decision("plain", 0)
         engines[label] = engine
-    attention_split.SPLIT_KV, fused.DECODE_FUSIONS = env_split_kv, env_fused_decode
+    attention_split.SPLIT_KV, fused.DECODE_FUSIONS, pdl.PDL = env_split_kv, env_fused_decode, env_pdl
     if not engines:
         report.save()
         raise SystemExit(1)

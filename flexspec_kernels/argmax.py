@@ -18,10 +18,13 @@ import triton
 import triton.language as tl
 
 from ._dispatch import Backend, use_triton
+from .pdl import CHAIN_ROWS as PDL_CHAIN_ROWS
+from .pdl import launch_options, pdl_launch, pdl_wait
 
 
 @triton.jit
-def _argmax_kernel(x_ptr, out_ptr, V, stride, BLOCK: tl.constexpr):
+def _argmax_kernel(x_ptr, out_ptr, V, stride, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride
     lanes = tl.arange(0, BLOCK)
@@ -45,7 +48,17 @@ def argmax_triton(x: torch.Tensor, block: int = 8192, num_warps: int = 8) -> tor
         raise ValueError(f"x must be [N, V] with unit stride along V, got {tuple(x.shape)} {x.stride()}")
     out = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
     if x.shape[0] and x.shape[1]:
-        _argmax_kernel[(x.shape[0],)](x, out, x.shape[1], x.stride(0), BLOCK=block, num_warps=num_warps)
+        pdl = x.shape[0] <= PDL_CHAIN_ROWS and pdl_launch(x)  # decode at batch <= 4 (as measured, pdl.py)
+        _argmax_kernel[(x.shape[0],)](
+            x,
+            out,
+            x.shape[1],
+            x.stride(0),
+            BLOCK=block,
+            USE_PDL=pdl,
+            num_warps=num_warps,
+            **launch_options(pdl),
+        )
     elif x.shape[0]:
         raise ValueError("argmax of an empty row")
     return out

@@ -32,6 +32,8 @@ from ._dispatch import Backend, use_triton
 from .attention_split import SplitKVPartials, merge_splits, num_splits_for
 from .attention_tiles import _attend_step_tokens, _find_seq_idx, _online_softmax_step, _scale_scores
 from .attention_torch import _check_args, paged_attention_ref, paged_attention_torch
+from .pdl import CHAIN_ROWS as PDL_CHAIN_ROWS
+from .pdl import launch_options, pdl_launch, pdl_wait
 
 # ---------------------------------------------------------------------------------------------
 # Triton
@@ -82,7 +84,9 @@ def _paged_attention_kernel(
     USE_SOFT_CAP: tl.constexpr,
     UPCAST_DOT: tl.constexpr,  # dot in fp32: works around the interpreter's bf16 tl.dot
     NUM_SPLITS: tl.constexpr,  # split-KV: programs per (query tile, KV head), each over a share of the context
+    USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (``flexspec_kernels.pdl``)
 ):
+    pdl_wait(USE_PDL)  # before the early exit below: every program waits (nothing here is constant)
     q_block_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -264,6 +268,7 @@ def paged_attention_triton(
         )
         part_ml = torch.empty(num_tokens, num_q_heads, num_splits, 2, dtype=torch.float32, device=q.device)
     grid = (num_q_tiles, num_kv_heads, num_splits)
+    pdl = num_tokens <= PDL_CHAIN_ROWS and pdl_launch(q)  # decode at batch <= 4: between skinny kernels
     _paged_attention_kernel[grid](
         out, q, k, v, k_cache, v_cache,
         block_tables, context_lens, query_start_loc, positions,
@@ -291,7 +296,9 @@ def paged_attention_triton(
         # as their raw uint16 bits (triton/runtime/interpreter.py, create_dot), so upcast there.
         UPCAST_DOT=q.dtype == torch.bfloat16 and (not q.is_cuda or _interpreting()),
         NUM_SPLITS=num_splits,
+        USE_PDL=pdl,
         num_warps=num_warps,
+        **launch_options(pdl),
     )  # fmt: skip
     if num_splits > 1:
         if not merge:

@@ -25,10 +25,15 @@ import triton.language as tl
 
 from ._dispatch import Backend, use_triton
 from .norm import rms_norm_ref
+from .pdl import launch_options, pdl_launch, pdl_wait
 from .rotary import rotary_embedding_ref
 from .skinny_linear_torch import _check_args as _check_linear_args
 
-MAX_ROWS = 2  # rows of x one launch handles (the gemv form: weight tile in registers, rows looped)
+MAX_ROWS = 4  # rows of x one launch handles (the gemv form: weight tile in registers, rows looped)
+# Decode steps the model runs through these fusions: batch 1-2, or 1-4 with programmatic dependent launch
+# (``flexspec_kernels.pdl``; H200 session 23: 0.88 vs 1.00 ms per plain decode step at 3-4 rows, see
+# ``flexspec_kernels.skinny_linear.GEMV_MAX_ROWS_PDL``).
+DECODE_ROWS, DECODE_ROWS_PDL = 2, 4
 GEMV_TILE = 8192  # weight elements per program (as ``flexspec_kernels.skinny_linear``'s gemv form)
 
 
@@ -69,6 +74,7 @@ def _qkv_rope_kernel(
     HALF: tl.constexpr,  # head_dim / 2
     BLOCK_P: tl.constexpr,  # rotation pairs (or 2 * BLOCK_P value features) per program
     BLOCK_K: tl.constexpr,  # >= K
+    USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (``flexspec_kernels.pdl``)
 ):
     pid = tl.program_id(0)
     rk = tl.arange(0, BLOCK_K)
@@ -101,6 +107,7 @@ def _qkv_rope_kernel(
             b2 = tl.load(b_ptr + c1 + HALF, mask=valid, other=0.0).to(tl.float32)
         is_k = valid & (head >= num_q_heads)
         k_off = (head - num_q_heads) * head_size + d  # offset in a cache slot's [Hkv, D] (k heads only)
+        pdl_wait(USE_PDL)  # weights above; x, positions, slots and the caches after
         for m in tl.static_range(ROWS):
             xf = _normed_row(x_ptr + m * x_stride, nw, rk, k_mask, K, eps, NORM, w_dtype)
             y1 = tl.sum(w1 * xf[None, :], axis=1)
@@ -137,6 +144,7 @@ def _qkv_rope_kernel(
         ).to(tl.float32)
         if HAS_BIAS:
             b = tl.load(b_ptr + c, mask=v_valid, other=0.0).to(tl.float32)
+        pdl_wait(USE_PDL)
         for m in tl.static_range(ROWS):
             xv = _normed_row(x_ptr + m * x_stride, nw, rk, k_mask, K, eps, NORM, w_dtype)
             y = tl.sum(w * xv[None, :], axis=1)
@@ -150,6 +158,11 @@ def _qkv_rope_kernel(
                     tl.store(
                         v_cache_ptr + v_slot * v_size + f, y.to(v_cache_ptr.dtype.element_ty), mask=v_valid
                     )
+
+
+def decode_fusion_rows(x: torch.Tensor) -> int:
+    """The most rows a decode step over ``x`` takes through the fused QKV + RoPE and merge + O launches."""
+    return DECODE_ROWS_PDL if pdl_launch(x) else DECODE_ROWS
 
 
 def _check_qkv_args(
@@ -318,6 +331,7 @@ def skinny_qkv_rope_triton(
     block_p = max(1, min(32, GEMV_TILE // bk // 2))
     num_pairs = (num_q_heads + num_kv_heads) * half
     grid = (triton.cdiv(num_pairs, block_p) + triton.cdiv(num_kv_heads * head_dim, 2 * block_p),)
+    pdl = pdl_launch(x)
     _qkv_rope_kernel[grid](
         x, weight,
         bias if bias is not None else out,
@@ -330,8 +344,8 @@ def skinny_qkv_rope_triton(
         HAS_BIAS=bias is not None,
         NORM=0 if norm_weight is None else (2 if norm_offset else 1),
         STORE_KV=store,
-        ROWS=m, HALF=half, BLOCK_P=block_p, BLOCK_K=bk,
-        num_warps=num_warps,
+        ROWS=m, HALF=half, BLOCK_P=block_p, BLOCK_K=bk, USE_PDL=pdl,
+        num_warps=num_warps, **launch_options(pdl),
     )  # fmt: skip
     return out
 

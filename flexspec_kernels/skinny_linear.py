@@ -31,10 +31,16 @@ import triton.language as tl
 
 from ._dispatch import Backend, use_triton
 from .activation import act_fn
+from .pdl import launch_options, pdl_launch, pdl_wait
 from .skinny_linear_torch import ACTIVATIONS, Capture, _check_args, _check_capture, skinny_linear_ref
 
 MAX_ROWS = 16  # rows of x one launch handles (one BLOCK_M tile)
 GEMV_MAX_ROWS = 2  # up to this many rows: the gemv form (H200: faster than the dot form at 1-2 rows, not 4)
+# ... and with programmatic dependent launch (``flexspec_kernels.pdl``), whose next kernel loads its weight tile
+# while this one finishes. H200, session 23, plain decode steps with the decode fusions up to the same row count
+# (``bench/results/h200-2026-12-04-s23/rows/``): 0.88 ms at 3-4 rows against 1.00 ms in the dot form; at 6-8 rows
+# the gemv form took 1.47 ms against 1.05.
+GEMV_MAX_ROWS_PDL = 4
 GEMV_MAX_K = 4096  # the gemv form holds a whole weight row slice [BLOCK_N, K] in registers
 GEMV_TILE = 8192  # weight elements per program in the gemv form (BLOCK_N = GEMV_TILE / K, padded)
 
@@ -96,7 +102,9 @@ def _skinny_linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (``flexspec_kernels.pdl``)
 ):
+    pdl_wait(USE_PDL)  # x and the norm's sums come first here: nothing to load ahead
     rm = tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -186,6 +194,7 @@ def _skinny_gemv_kernel(
     ROWS: tl.constexpr,  # rows of x, each reusing the weight tile held in registers
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # >= K: the whole reduction in one load (one memory round trip per program)
+    USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (``flexspec_kernels.pdl``)
 ):
     """The few-row form: each program loads its [BLOCK_N, K] weight slice once, then for every row computes
     the norm (one pass: the row is in registers) and the products as fp32 multiply + row sums."""
@@ -203,6 +212,7 @@ def _skinny_gemv_kernel(
             nw = nw + 1.0
     if HAS_BIAS:
         bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    pdl_wait(USE_PDL)  # the weights above are constant; x and the residual come from earlier kernels
     dtype = out_ptr.dtype.element_ty
     for m in tl.static_range(ROWS):
         xv = tl.load(x_ptr + m * x_stride + rk, mask=k_mask, other=0.0)
@@ -261,7 +271,7 @@ def skinny_linear_triton(
     variant: str | None = None,
 ) -> torch.Tensor:
     """Triton launcher of :func:`skinny_linear`. ``variant``: ``"gemv"`` (whole-K weight tile in registers,
-    rows looped; the default for <= ``GEMV_MAX_ROWS`` rows), ``"dot"`` (tensor-core tiles over K); ``block_n``
+    rows looped; the default for <= ``GEMV_MAX_ROWS`` rows, ``GEMV_MAX_ROWS_PDL`` with PDL), ``"dot"`` (tensor-core tiles over K); ``block_n``
     / ``block_k`` / ``num_warps`` for tuning (``block_k`` is K itself, padded, in the gemv form)."""
     n = _check_args(x, weight, bias, norm_weight, residual, activation)
     _check_capture(capture, x, n, activation)
@@ -291,8 +301,9 @@ def skinny_linear_triton(
     cache, slots = (cache, slots) if cache is not None else (dummy, dummy)
     cap_args = (cap_out, cache, slots)
     cap_strides = (cap_out.stride(0), cache.stride(0), col, cache.shape[0] - 1)
+    pdl = pdl_launch(x)
     if variant is None:
-        variant = "gemv" if m <= GEMV_MAX_ROWS and k <= GEMV_MAX_K else "dot"
+        variant = "gemv" if m <= (GEMV_MAX_ROWS_PDL if pdl else GEMV_MAX_ROWS) and k <= GEMV_MAX_K else "dot"
     if variant == "gemv":
         bk = triton.next_power_of_2(k)
         bn = block_n or max(2, min(64, GEMV_TILE // bk // (2 if activation else 1)))
@@ -310,8 +321,8 @@ def skinny_linear_triton(
             ACT=-1 if activation is None else ACTIVATIONS.index(activation),
             RESIDUAL=residual is not None,
             CAPTURE=cap_mode,
-            ROWS=m, BLOCK_N=bn, BLOCK_K=bk,
-            num_warps=num_warps,
+            ROWS=m, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl,
+            num_warps=num_warps, **launch_options(pdl),
         )  # fmt: skip
         return out
     if variant != "dot":
@@ -333,8 +344,8 @@ def skinny_linear_triton(
         RESIDUAL=residual is not None,
         CAPTURE=cap_mode,
         DOT=_dot_mode(x),
-        BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=num_warps,
+        BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl,
+        num_warps=num_warps, **launch_options(pdl),
     )  # fmt: skip
     return out
 

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from ._dispatch import Backend, use_triton
 from .attention_split import MAX_SPLITS
+from .pdl import launch_options, pdl_launch, pdl_wait
 from .skinny_attention import GEMV_TILE, MAX_ROWS
 
 
@@ -38,6 +39,7 @@ def _merge_linear_kernel(
     NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr,  # >= Hq
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (``flexspec_kernels.pdl``)
 ):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_h = tl.arange(0, BLOCK_H)
@@ -56,6 +58,7 @@ def _merge_linear_kernel(
     ).to(tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    pdl_wait(USE_PDL)  # the weights above are constant; the partial states and the residual are not
     dtype = out_ptr.dtype.element_ty
     for m in tl.static_range(ROWS):
         # [BLOCK_H, NUM_SPLITS] flat (row, head, split) index
@@ -170,6 +173,7 @@ def skinny_merge_linear_triton(
         return out
     block_h = triton.next_power_of_2(hq)
     block_n = max(1, min(64, GEMV_TILE // (block_h * d)))
+    pdl = pdl_launch(weight)
     _merge_linear_kernel[(triton.cdiv(n, block_n),)](
         part_out, part_ml, weight,
         bias if bias is not None else out,
@@ -177,8 +181,8 @@ def skinny_merge_linear_triton(
         out,
         n, hq, weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
-        ROWS=m, HEAD_DIM=d, NUM_SPLITS=p, BLOCK_H=block_h, BLOCK_N=block_n,
-        num_warps=num_warps,
+        ROWS=m, HEAD_DIM=d, NUM_SPLITS=p, BLOCK_H=block_h, BLOCK_N=block_n, USE_PDL=pdl,
+        num_warps=num_warps, **launch_options(pdl),
     )  # fmt: skip
     return out
 

@@ -20,6 +20,7 @@ from flexspec.models.loader import load_config, load_weights, resolve_model_dir
 from flexspec.models.registry import build_model
 from flexspec.models.spec import ModelSpec
 from flexspec_kernels.attention_split import split_kv_setting
+from flexspec_kernels.pdl import pdl_setting
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,8 @@ class ModelRunner:
         self, config: EngineConfig, tp: TPGroup | None = None, device: torch.device | None = None
     ) -> None:
         self.config = config
-        split_kv_setting()  # FLEXSPEC_SPLIT_KV checked at start on every device (EnvSettingError naming it)
+        split_kv_setting()  # FLEXSPEC_SPLIT_KV and FLEXSPEC_PDL checked at start on every device (EnvSettingError
+        pdl_setting()  # naming the variable)
         self.tp = tp or TPGroup()
         self.device = device or resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)

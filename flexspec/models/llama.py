@@ -20,8 +20,7 @@ from flexspec.models.features import FeatureCache, store_features
 from flexspec.models.side_stream import SideStream
 from flexspec.models.spec import ModelSpec
 from flexspec_kernels.attention_split import SplitKVPartials
-from flexspec_kernels.skinny_attention import MAX_ROWS as SKINNY_ATTENTION_ROWS
-from flexspec_kernels.skinny_attention import skinny_qkv_rope
+from flexspec_kernels.skinny_attention import decode_fusion_rows, skinny_qkv_rope
 from flexspec_kernels.skinny_linear import Capture, skinny_linear
 from flexspec_kernels.skinny_merge import skinny_merge_linear
 
@@ -90,13 +89,14 @@ class LlamaAttention(nn.Module):
         return o.reshape(T, -1)
 
     def decode_fusable(self, x: torch.Tensor) -> bool:
-        """Whether :meth:`attend_decode` serves this step: <= ``flexspec_kernels.skinny_attention.MAX_ROWS`` rows, a bound
+        """Whether :meth:`attend_decode` serves this step: <= ``flexspec_kernels.skinny_attention.decode_fusion_rows`` rows
+        (2, or 4 with programmatic dependent launch), a bound
         contiguous KV cache, no q/k norms (they sit between the projection and RoPE), RoPE's Triton conditions,
         and the decode fusions on (``flexspec.layers.fused.DECODE_FUSIONS``). Called inside the skinny path only."""
         cache = self.attn.k_cache
         return (
             fused.DECODE_FUSIONS
-            and x.shape[0] <= SKINNY_ATTENTION_ROWS
+            and x.shape[0] <= decode_fusion_rows(x)
             and self.q_norm is None
             and cache.numel() > 0
             and cache.is_contiguous()
@@ -108,7 +108,7 @@ class LlamaAttention(nn.Module):
         self, x: torch.Tensor, meta: AttentionMetadata, norm: nn.Module
     ) -> torch.Tensor | SplitKVPartials:
         """``norm`` + QKV + RoPE + KV-cache write in one launch (``flexspec_kernels.skinny_attention.skinny_qkv_rope``),
-        then attention over the residual stream ``x`` [T, H] (T <= 2), with split-KV partial states left
+        then attention over the residual stream ``x`` [T, H] (T <= 4), with split-KV partial states left
         unmerged for the O launch to merge: [T, Hq * D] or :class:`~flexspec_kernels.attention_split.SplitKVPartials`."""
         T, attn = x.shape[0], self.attn
         qkv = skinny_qkv_rope(
@@ -167,8 +167,8 @@ class LlamaDecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """The layer over the residual stream ``h`` [T, H] (T <= ``flexspec_kernels.skinny_linear.MAX_ROWS``), updated
         in place and returned: norm+QKV, RoPE+cache write, attention, O+residual, norm+gate-up+activation,
-        down+residual (6 launches on CUDA instead of 9). At <= ``flexspec_kernels.skinny_attention.MAX_ROWS`` rows
-        (batch-1/2 decode) RoPE + cache write go into the QKV launch and split-KV attention's merge into the
+        down+residual (6 launches on CUDA instead of 9). At <= ``flexspec_kernels.skinny_attention.decode_fusion_rows``
+        rows (batch-1/2 decode; 1-4 with PDL) RoPE + cache write go into the QKV launch and split-KV attention's merge into the
         O launch (4-5 launches). ``capture``: the layer's output also copied out by the down GEMM (see
         ``skinny_after_attention``). TP = 1 only (the residual adds follow O and down, which at TP > 1 need
         their all-reduce first). Same rounding points as ``forward``."""

@@ -173,10 +173,11 @@ def test_skinny_path_on_gpu_matches_unfused_layers(case, dtype, skinny_calls, mo
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_decode_fusions_on_gpu_match_their_own_launches(case, dtype, monkeypatch):
-    """Batch-1 and batch-2 decode with RoPE + cache write inside the QKV GEMV and split-KV merge inside the O
-    GEMV (``flexspec_kernels.skinny_attention``) vs the same kernels as launches of their own, in CUDA graphs."""
+    """Batch-1 to batch-4 decode (3-4 with programmatic dependent launch) with RoPE + cache write inside the QKV
+    GEMV and split-KV merge inside the O GEMV (``flexspec_kernels.skinny_attention``) vs the same kernels as launches
+    of their own, in CUDA graphs."""
     prompts, params, _ = case
-    cfg = EngineConfig(model=DEFAULT_MODEL, max_model_len=1024, device="cuda", dtype=dtype, max_num_seqs=2)
+    cfg = EngineConfig(model=DEFAULT_MODEL, max_model_len=1024, device="cuda", dtype=dtype, max_num_seqs=4)
     monkeypatch.setattr(fused, "SKINNY", "on")
     outs = []
     for on in (True, False):
@@ -189,3 +190,27 @@ def test_decode_fusions_on_gpu_match_their_own_launches(case, dtype, monkeypatch
     else:
         same = sum(a == b for a, b in zip(*outs))
         assert same >= len(prompts) // 2, (same, outs)
+
+
+@pytest.mark.gpu
+def test_pdl_on_gpu_gives_identical_tokens(case, monkeypatch):
+    """The decode kernels launched with programmatic dependent launch (``flexspec_kernels.pdl``) vs without, in
+    the engine's CUDA graphs at batch 1-8 (the gemv and tensor-core forms, attention, argmax): PDL only changes
+    when a launch starts, so even bf16 gives the same tokens."""
+    from flexspec_kernels import pdl
+
+    if not pdl._device_supports(torch.cuda.current_device()):
+        pytest.skip("needs an sm_90+ CUDA GPU")
+    prompts, params, _ = case
+    cfg = EngineConfig(
+        model=DEFAULT_MODEL, max_model_len=1024, device="cuda", dtype="bfloat16", max_num_seqs=8
+    )
+    monkeypatch.setattr(fused, "SKINNY", "on")
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(pdl, "PDL", on)
+        eng = LLMEngine(cfg)
+        outs.append([o.token_ids for o in eng.generate(prompts, params)])
+        outs.append([eng.generate([p], params)[0].token_ids for p in prompts[:2]])  # batch 1
+        del eng
+    assert outs[0] == outs[2] and outs[1] == outs[3]

@@ -52,6 +52,8 @@ QKV_CASES = [
     (9, 3, 64, 576, 1, True, torch.float32),
     *[(*shape, rows, bias, dtype) for shape in _SMALL for rows in (1, 2) for bias in (False, True)
       for dtype in (torch.float32, torch.bfloat16)],
+    # 3-4 rows: batch 3-4 decode takes the fusions with programmatic dependent launch
+    (*_SMALL[0], 3, True, torch.float32), (*_SMALL[1], MAX_ROWS, False, torch.bfloat16),
 ]  # fmt: skip
 
 
@@ -64,12 +66,13 @@ def test_qkv_rope_triton_matches_reference(hq, hkv, head_dim, k, rows, bias, dty
     b = torch.randn(n, generator=g).to(device, dtype) if bias else None
     nw = (1 + 0.3 * torch.randn(k, generator=g)).to(device, dtype)
     cos, sin = (t.to(device) for t in _rope_tables(64, head_dim))
-    positions = torch.tensor([5, 63][:rows], dtype=torch.int64, device=device)
+    positions = torch.tensor([5, 63, 17, 40][:rows], dtype=torch.int64, device=device)
     block_size, num_blocks = 4, 3
     caches = [
         torch.zeros(num_blocks, block_size, hkv, head_dim, dtype=dtype, device=device) for _ in range(4)
     ]
-    slots = torch.tensor([6, -1][:rows], dtype=torch.int64, device=device)  # row 2: padding, not cached
+    slot_list = [6, -1, 11, 0][:rows]  # row 2: padding, not cached
+    slots = torch.tensor(slot_list, dtype=torch.int64, device=device)
     args = (x, w, b, positions, cos, sin, hq, hkv)
     ref = skinny_qkv_rope_ref(*args, norm_weight=nw, k_cache=caches[0], v_cache=caches[1], slot_mapping=slots)
     got = skinny_qkv_rope_triton(
@@ -82,13 +85,15 @@ def test_qkv_rope_triton_matches_reference(hq, hkv, head_dim, k, rows, bias, dty
     torch.testing.assert_close(
         ref.double().cpu(), brute, rtol=TOL[dtype]["rtol"], atol=4 * TOL[dtype]["atol"]
     )
-    # the cache holds the rotated keys and the values of the cached row exactly as returned, and nothing else
+    # the cache holds the rotated keys and the values of the cached rows exactly as returned, and nothing else
     q_size, kv_size = hq * head_dim, hkv * head_dim
     k_flat, v_flat = caches[2].view(-1, hkv, head_dim), caches[3].view(-1, hkv, head_dim)
-    assert torch.equal(k_flat[6].reshape(-1), got[0, q_size : q_size + kv_size])
-    assert torch.equal(v_flat[6].reshape(-1), got[0, q_size + kv_size :])
-    assert k_flat.abs().sum(-1).sum(-1).nonzero().flatten().tolist() == [6]
-    assert v_flat.abs().sum(-1).sum(-1).nonzero().flatten().tolist() == [6]
+    cached = {slot: row for row, slot in enumerate(slot_list) if slot >= 0}
+    for slot, row in cached.items():
+        assert torch.equal(k_flat[slot].reshape(-1), got[row, q_size : q_size + kv_size])
+        assert torch.equal(v_flat[slot].reshape(-1), got[row, q_size + kv_size :])
+    assert k_flat.abs().sum(-1).sum(-1).nonzero().flatten().tolist() == sorted(cached)
+    assert v_flat.abs().sum(-1).sum(-1).nonzero().flatten().tolist() == sorted(cached)
     torch.testing.assert_close(caches[2], caches[0], **TOL[dtype])
     torch.testing.assert_close(caches[3], caches[1], **TOL[dtype])
     # without caches: the same values, nothing stored
@@ -134,8 +139,9 @@ def test_qkv_rope_dispatch_and_errors(device):
     )
     with pytest.raises(ValueError, match="not \\(Hq \\+ 2 Hkv\\) \\* D"):
         skinny_qkv_rope_triton(x, w, None, pos, cos, sin, 2, 2)
-    with pytest.raises(ValueError, match="at most 2 rows"):
-        skinny_qkv_rope_triton(torch.randn(3, 32, device=device), w, None, pos.repeat(3), cos, sin, 3, 1)
+    r = MAX_ROWS + 1
+    with pytest.raises(ValueError, match=f"at most {MAX_ROWS} rows"):
+        skinny_qkv_rope_triton(torch.randn(r, 32, device=device), w, None, pos.repeat(r), cos, sin, 3, 1)
     with pytest.raises(ValueError, match="positions must be int64"):
         skinny_qkv_rope_triton(x, w, None, pos.int(), cos, sin, 3, 1)
     kc = torch.zeros(2, 4, 1, 16, device=device)
@@ -185,13 +191,15 @@ def _split_partials(num_splits, rows, hq, hkv, head_dim, ctx_lens, dtype, device
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("rows", [1, 2, MAX_ROWS])
 @pytest.mark.parametrize("num_splits", [2, 16])
 @pytest.mark.parametrize("bias,residual", [(False, True), (True, False)])
 def test_merge_linear_matches_merged_attention_then_linear(num_splits, rows, bias, residual, dtype, device):
     hq, hkv, head_dim, n = 9, 3, 64, 40
     # 5 tokens of context under 16 splits: most splits see no key (their partial state is empty)
-    parts, merged = _split_partials(num_splits, rows, hq, hkv, head_dim, [70, 5][:rows], dtype, device)
+    parts, merged = _split_partials(
+        num_splits, rows, hq, hkv, head_dim, [70, 5, 33, 130][:rows], dtype, device
+    )
     assert isinstance(parts, SplitKVPartials) and parts.part_out.shape == (rows, hq, num_splits, head_dim)
     # fp32: to the last bits (sums in another order); bf16: the interpreter truncates where the GPU rounds
     tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else TOL[dtype]
@@ -222,9 +230,10 @@ def test_merge_linear_dispatch_and_errors(device):
         skinny_merge_linear_triton(*parts, torch.randn(8, 32, device=device))
     with pytest.raises(ValueError, match="float32"):
         skinny_merge_linear_triton(parts.part_out.half(), parts.part_ml, w)
-    three = SplitKVPartials(parts.part_out.repeat(3, 1, 1, 1), parts.part_ml.repeat(3, 1, 1, 1))
+    r = MAX_ROWS + 1
+    too_many = SplitKVPartials(parts.part_out.repeat(r, 1, 1, 1), parts.part_ml.repeat(r, 1, 1, 1))
     with pytest.raises(ValueError, match=f"at most {MAX_ROWS} rows"):
-        skinny_merge_linear_triton(*three, w)
+        skinny_merge_linear_triton(*too_many, w)
     none = SplitKVPartials(parts.part_out[:, :, :0], parts.part_ml[:, :, :0])
     with pytest.raises(ValueError, match="powers of two"):
         skinny_merge_linear_triton(*none, w)

@@ -219,7 +219,12 @@ def test_train_drafter_unknown_target(tmp_path):
 
 @pytest.mark.parametrize(
     ("var", "value"),
-    [("FLEXSPEC_SPLIT_KV", "3"), ("FLEXSPEC_FUSED_DECODE", "maybe"), ("FLEXSPEC_SKINNY_LINEAR", "fast")],
+    [
+        ("FLEXSPEC_SPLIT_KV", "3"),
+        ("FLEXSPEC_FUSED_DECODE", "maybe"),
+        ("FLEXSPEC_SKINNY_LINEAR", "fast"),
+        ("FLEXSPEC_PDL", "sometimes"),
+    ],
 )
 def test_generate_reports_a_bad_environment_setting_in_one_line(var, value):
     """FLEXSPEC_* variables are read when the engine's modules are imported (a fresh process here): a bad value

@@ -1,0 +1,91 @@
+"""Programmatic dependent launch (``flexspec_kernels.pdl``): when it applies, how its setting is read, and on a
+Hopper GPU that a chain of dependent kernels replayed from a CUDA graph gives bit-identical results with and
+without it (PDL changes when kernels start, never what they compute; a missing wait would show as a race)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flexspec_kernels import pdl
+from flexspec_kernels._dispatch import EnvSettingError
+from flexspec_kernels.argmax import argmax
+from flexspec_kernels.skinny_linear import skinny_linear_triton
+
+
+def test_pdl_only_on_cuda_hopper_and_later():
+    assert pdl.pdl_supported((9, 0), is_hip=False, has_gdc=True)
+    assert pdl.pdl_supported((10, 0), is_hip=False, has_gdc=True)
+    assert not pdl.pdl_supported((8, 9), is_hip=False, has_gdc=True)  # Ada: no griddepcontrol
+    assert not pdl.pdl_supported((9, 4), is_hip=True, has_gdc=True)  # ROCm (MI300 reports gfx94x as 9.4)
+    assert not pdl.pdl_supported((9, 0), is_hip=False, has_gdc=False)  # a Triton without gdc_wait
+
+
+def test_pdl_setting_is_read_once_and_checked(monkeypatch):
+    monkeypatch.setattr(pdl, "PDL", None)
+    monkeypatch.setenv("FLEXSPEC_PDL", "Off")
+    assert pdl.pdl_setting() is False
+    monkeypatch.setenv("FLEXSPEC_PDL", "1")
+    assert pdl.pdl_setting() is False  # read at first use only; tests and benchmarks assign PDL
+    monkeypatch.setattr(pdl, "PDL", None)
+    monkeypatch.setenv("FLEXSPEC_PDL", "sometimes")
+    with pytest.raises(EnvSettingError, match="FLEXSPEC_PDL='sometimes'"):
+        pdl.pdl_setting()
+    monkeypatch.setattr(pdl, "PDL", None)
+    monkeypatch.delenv("FLEXSPEC_PDL")
+    assert pdl.pdl_setting() is True  # on by default
+
+
+def test_no_pdl_on_cpu_or_in_the_interpreter(monkeypatch):
+    monkeypatch.setattr(pdl, "PDL", True)
+    assert not pdl.pdl_launch(torch.zeros(2))
+    assert pdl.launch_options(False) == {} and pdl.launch_options(True) == {"launch_pdl": True}
+    if torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert not pdl.pdl_launch(torch.zeros(2, device="cuda"))
+
+
+def _decoder_chain(h, layers, logits_w, variant):
+    """A decode step's shape: per layer norm + gate-up + SiLU, then down + residual (each launch reads the
+    previous one's output), then the LM head and argmax. ``variant`` pinned: the default form depends on PDL
+    (``skinny_linear.GEMV_MAX_ROWS_PDL``), and other kernels round differently."""
+    for norm_w, gate_up, down in layers:
+        act = skinny_linear_triton(h, gate_up, norm_weight=norm_w, activation="silu", variant=variant)
+        skinny_linear_triton(act, down, residual=h, variant=variant)
+    return argmax(skinny_linear_triton(h, logits_w, variant=variant).float())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "variant"), [(1, "gemv"), (4, "gemv"), (4, "dot")])
+def test_pdl_chain_in_a_cuda_graph_is_bit_identical(rows, variant, monkeypatch):
+    if not torch.cuda.is_available() or not pdl._device_supports(torch.cuda.current_device()):
+        pytest.skip("needs an sm_90+ CUDA GPU")
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=g, device="cuda") * 0.05).to(torch.bfloat16)
+
+    hidden, inter, vocab, num_layers = 576, 1536, 8192, 24
+    layers = [(1 + rand(hidden), rand(2 * inter, hidden), rand(hidden, inter)) for _ in range(num_layers)]
+    logits_w = rand(vocab, hidden)
+    inputs = [rand(rows, hidden) * 20 for _ in range(40)]
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(pdl, "PDL", on)
+        assert pdl.pdl_launch(inputs[0]) is on
+        h = torch.empty_like(inputs[0])
+        h.copy_(inputs[0])
+        _decoder_chain(h, layers, logits_w, variant)  # compile / warm up outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            tokens = _decoder_chain(h, layers, logits_w, variant)
+        outs = []
+        for x in inputs:  # each replay reads the new input through the whole chain
+            h.copy_(x)
+            graph.replay()
+            outs.append((h.clone(), tokens.clone()))
+        torch.cuda.synchronize()
+        results[on] = outs
+    for (h0, t0), (h1, t1) in zip(results[False], results[True]):
+        assert torch.equal(h0, h1) and torch.equal(t0, t1)
