@@ -18,6 +18,13 @@ def use_triton(backend: str, tensor: torch.Tensor) -> bool:
     return backend == "triton"
 
 
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET``; the only way to run them on CPU)."""
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
 class EnvSettingError(ValueError):
     """A ``FLEXSPEC_*`` environment variable set to a value the code cannot use; raised where it is read (at
     import), naming the variable, so front ends can report it in one line."""

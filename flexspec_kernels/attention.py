@@ -22,13 +22,11 @@ CUDA graphs.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import Backend, use_triton
+from ._dispatch import Backend, interpreting, use_triton
 from .attention_split import SplitKVPartials, merge_splits, num_splits_for
 from .attention_tiles import _attend_step_tokens, _find_seq_idx, _online_softmax_step, _scale_scores
 from .attention_torch import _check_args, paged_attention_ref, paged_attention_torch
@@ -193,10 +191,6 @@ def _paged_attention_kernel(
         tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=row_valid)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
 def _launch_config(max_query_len: int, num_queries_per_kv: int, head_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_Q, BLOCK_N, num_warps): small tiles for decode / verify, large for prefill."""
     rows = max(16, triton.next_power_of_2(max(max_query_len, 1) * num_queries_per_kv))
@@ -294,7 +288,7 @@ def paged_attention_triton(
         USE_SOFT_CAP=logits_soft_cap is not None,
         # Triton's interpreter (the only way to run on CPU tensors) multiplies bf16 dot operands
         # as their raw uint16 bits (triton/runtime/interpreter.py, create_dot), so upcast there.
-        UPCAST_DOT=q.dtype == torch.bfloat16 and (not q.is_cuda or _interpreting()),
+        UPCAST_DOT=q.dtype == torch.bfloat16 and (not q.is_cuda or interpreting()),
         NUM_SPLITS=num_splits,
         USE_PDL=pdl,
         num_warps=num_warps,

@@ -31,13 +31,12 @@ ROCm and GPUs before sm_90, and with a Triton that lacks ``tl.extra.cuda.gdc_wai
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import env_flag
+from ._dispatch import env_flag, interpreting
 
 try:
     from triton.language.extra import cuda as _tl_cuda
@@ -73,14 +72,10 @@ def _device_supports(index: int) -> bool:
     return pdl_supported(torch.cuda.get_device_capability(index), torch.version.hip is not None)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
 def pdl_launch(t: torch.Tensor) -> bool:
     """Whether Triton kernels working on ``t`` launch with PDL (pass the result as the kernel's ``USE_PDL`` and
     :func:`launch_options` to the launch)."""
-    if not t.is_cuda or not pdl_setting() or _interpreting():
+    if not t.is_cuda or not pdl_setting() or interpreting():
         return False
     return _device_supports(t.device.index if t.device.index is not None else torch.cuda.current_device())
 

@@ -27,13 +27,10 @@ from ._dispatch import Backend, use_triton
 from .norm import rms_norm_ref
 from .pdl import launch_options, pdl_launch, pdl_wait
 from .rotary import rotary_embedding_ref
+from .skinny_linear import GEMV_MAX_ROWS, GEMV_MAX_ROWS_PDL
 from .skinny_linear_torch import _check_args as _check_linear_args
 
 MAX_ROWS = 4  # rows of x one launch handles (the gemv form: weight tile in registers, rows looped)
-# Decode steps the model runs through these fusions: batch 1-2, or 1-4 with programmatic dependent launch
-# (``flexspec_kernels.pdl``; H200 session 23: 0.88 vs 1.00 ms per plain decode step at 3-4 rows, see
-# ``flexspec_kernels.skinny_linear.GEMV_MAX_ROWS_PDL``).
-DECODE_ROWS, DECODE_ROWS_PDL = 2, 4
 GEMV_TILE = 8192  # weight elements per program (as ``flexspec_kernels.skinny_linear``'s gemv form)
 
 
@@ -161,8 +158,10 @@ def _qkv_rope_kernel(
 
 
 def decode_fusion_rows(x: torch.Tensor) -> int:
-    """The most rows a decode step over ``x`` takes through the fused QKV + RoPE and merge + O launches."""
-    return DECODE_ROWS_PDL if pdl_launch(x) else DECODE_ROWS
+    """The most rows a decode step over ``x`` takes through the fused QKV + RoPE and merge + O launches: those of
+    the gemv form of ``flexspec_kernels.skinny_linear`` (2, or 4 with programmatic dependent launch; measured
+    together, see ``GEMV_MAX_ROWS_PDL`` there)."""
+    return GEMV_MAX_ROWS_PDL if pdl_launch(x) else GEMV_MAX_ROWS
 
 
 def _check_qkv_args(

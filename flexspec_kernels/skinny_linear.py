@@ -23,13 +23,11 @@ ROCm and TensorRT-LLM's fused GEMV epilogues.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import Backend, use_triton
+from ._dispatch import Backend, interpreting, use_triton
 from .activation import act_fn
 from .pdl import launch_options, pdl_launch, pdl_wait
 from .skinny_linear_torch import ACTIVATIONS, Capture, _check_args, _check_capture, skinny_linear_ref
@@ -243,8 +241,7 @@ def _dot_mode(x: torch.Tensor) -> int:
     if x.dtype == torch.float32:
         return 1
     # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw uint16 bits: upcast there.
-    interpreting = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-    return 2 if (not x.is_cuda or interpreting) else 0
+    return 2 if (not x.is_cuda or interpreting()) else 0
 
 
 def _block_n(n: int) -> int:

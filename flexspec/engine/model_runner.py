@@ -79,8 +79,9 @@ class ModelRunner:
         self, config: EngineConfig, tp: TPGroup | None = None, device: torch.device | None = None
     ) -> None:
         self.config = config
-        split_kv_setting()  # FLEXSPEC_SPLIT_KV and FLEXSPEC_PDL checked at start on every device (EnvSettingError
-        pdl_setting()  # naming the variable)
+        # FLEXSPEC_SPLIT_KV and FLEXSPEC_PDL checked at start on every device (EnvSettingError naming the variable)
+        split_kv_setting()
+        pdl_setting()
         self.tp = tp or TPGroup()
         self.device = device or resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)
