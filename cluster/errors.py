@@ -41,9 +41,7 @@ class OverloadedError(FlexspecError):
             self.type = "rate_limit_exceeded"
 
 
-def error_body(
-    message: str, type_: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 

@@ -116,7 +116,10 @@ def test_abort_while_a_step_is_in_flight(engine):
 def test_aborting_an_earlier_request_in_flight_leaves_the_others_exact(engine):
     """The aborted request's row of the in-flight step must still be consumed; otherwise every later request in
     the batch reads its neighbour's token (found by a fresh-user trial: clients disconnecting mid-stream)."""
-    prompts = [chat(engine, t) for t in ("Tell me about dragons.", "Write a short poem about the sea.", "Name a car.")]
+    prompts = [
+        chat(engine, t)
+        for t in ("Tell me about dragons.", "Write a short poem about the sea.", "Name a car.")
+    ]
     greedy = SamplingParams(max_tokens=20, temperature=0)
     solo = [engine.generate([p], greedy)[0].token_ids for p in prompts[1:]]
     rids = [engine.add_request(p, greedy) for p in prompts]

@@ -14,7 +14,11 @@ GREEDY_64 = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=False)
 def hf_greedy(hf_model, ids: list[int], max_new_tokens: int, eos: int) -> list[int]:
     with torch.no_grad():
         out = hf_model.generate(
-            torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos
+            torch.tensor([ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos,
         )
     return out[0, len(ids) :].tolist()
 
@@ -63,7 +67,9 @@ def test_chunked_prefill_and_preemption_do_not_change_tokens(engine):
     ref = [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=48, temperature=0))]
     # 16-token steps force chunked prefill; 24 KV blocks of 16 tokens cannot hold 5 sequences -> preemption.
     small = LLMEngine(
-        EngineConfig(max_model_len=384, max_num_batched_tokens=16, max_num_seqs=8, num_kv_blocks=24, device="cpu")
+        EngineConfig(
+            max_model_len=384, max_num_batched_tokens=16, max_num_seqs=8, num_kv_blocks=24, device="cpu"
+        )
     )
     outs = small.generate(prompts, SamplingParams(max_tokens=48, temperature=0))
     assert small.stats.num_preemptions > 0

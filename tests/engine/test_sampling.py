@@ -17,21 +17,27 @@ def test_seed_makes_sampling_reproducible_and_batch_independent(engine):
     p = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=1234)
     a = engine.generate([chat(engine)], p)[0].token_ids
     b = engine.generate([chat(engine), chat(engine, "Hello!"), chat(engine, "2+2?")], [p, p, p])[0].token_ids
-    c = engine.generate([chat(engine)], SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=99))[0]
+    c = engine.generate([chat(engine)], SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=99))[
+        0
+    ]
     assert a == b
     assert a != c.token_ids
 
 
 def test_top_k_1_is_greedy(engine):
     greedy = engine.generate([chat(engine)], SamplingParams(max_tokens=24, temperature=0))[0].token_ids
-    topk1 = engine.generate([chat(engine)], SamplingParams(max_tokens=24, temperature=1.3, top_k=1, seed=5))[0]
+    topk1 = engine.generate([chat(engine)], SamplingParams(max_tokens=24, temperature=1.3, top_k=1, seed=5))[
+        0
+    ]
     assert topk1.token_ids == greedy
 
 
 def test_max_tokens_and_finish_reasons(engine):
     o = engine.generate([chat(engine)], SamplingParams(max_tokens=5, temperature=0))[0]
     assert o.finish_reason == "length" and len(o.token_ids) == 5
-    o = engine.generate([chat(engine, "What is 2+3? Answer with one number.")], SamplingParams(max_tokens=64, temperature=0))[0]
+    o = engine.generate(
+        [chat(engine, "What is 2+3? Answer with one number.")], SamplingParams(max_tokens=64, temperature=0)
+    )[0]
     assert o.finish_reason == "stop" and o.token_ids[-1] == engine.tokenizer.eos_token_id
 
 

@@ -233,7 +233,9 @@ def test_split_kv_factor_from_shapes(monkeypatch):
     number forces that many."""
     from flexspec_kernels import attention_split
 
-    assert attention_split.split_kv_setting() == os.environ.get("FLEXSPEC_SPLIT_KV", "auto")  # on unless turned off
+    assert attention_split.split_kv_setting() == os.environ.get(
+        "FLEXSPEC_SPLIT_KV", "auto"
+    )  # on unless turned off
     monkeypatch.setattr(attention_split, "SPLIT_KV", "auto")
     monkeypatch.setitem(attention_split._SM_COUNT, 0, 132)
     cuda = torch.device("cuda", 0)

@@ -22,7 +22,12 @@ def test_draft_model_sampling_is_reproducible_with_seed(engine):
     output (exact in distribution) depends on which drafts it saw."""
     prompts = real_prompts(engine, n_each=1)
     eng = spec_engine(
-        {"method": "draft_model", "model": DEFAULT_MODEL, "num_speculative_tokens": 3, "execution": "decoupled"}
+        {
+            "method": "draft_model",
+            "model": DEFAULT_MODEL,
+            "num_speculative_tokens": 3,
+            "execution": "decoupled",
+        }
     )
     p = SamplingParams(max_tokens=24, temperature=0.8, seed=7)
     a = [o.token_ids for o in eng.generate(prompts, p)]

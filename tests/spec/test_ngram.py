@@ -29,9 +29,14 @@ def test_ngram_mal_above_2_on_code_editing_prompt(engine):
         "    tax = subtotal * tax_rate\n"
         "    return subtotal + tax\n"
     )
-    ask = "Rewrite this function exactly, but rename `subtotal` to `net_total`. Output only the code.\n\n" + code
+    ask = (
+        "Rewrite this function exactly, but rename `subtotal` to `net_total`. Output only the code.\n\n"
+        + code
+    )
     ids = engine.apply_chat_template([{"role": "user", "content": ask}])
-    eng = spec_engine({"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 2})
+    eng = spec_engine(
+        {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    )
     out = eng.generate([ids], SamplingParams(max_tokens=96, temperature=0))[0]
     ref = engine.generate([ids], SamplingParams(max_tokens=96, temperature=0))[0]
     assert out.token_ids == ref.token_ids

@@ -334,7 +334,12 @@ def test_batch1_gsm8k_auto_stays_on_speculation_and_returns_soon_after_plain_ste
                       max_num_seqs=1)  # fmt: skip
     pol = eng.policy
     cost = {"plain": 1.0, "decoupled": 2.0}
-    observe, observe_request, age_requests, decide = pol.observe, pol.observe_request, pol.age_requests, pol.decide
+    observe, observe_request, age_requests, decide = (
+        pol.observe,
+        pol.observe_request,
+        pol.age_requests,
+        pol.decide,
+    )
     modes: list[str] = []
     calls = []
 

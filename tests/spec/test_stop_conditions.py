@@ -44,7 +44,10 @@ def test_stop_string_in_middle_of_accepted_run(engine):
     ref = engine.generate([ids], SamplingParams(max_tokens=48, temperature=0, stop=[stop]))[0]
     out = eng.generate([ids], SamplingParams(max_tokens=48, temperature=0, stop=[stop]))[0]
     assert (out.token_ids, out.text, out.finish_reason, out.stop_reason) == (
-        ref.token_ids, ref.text, ref.finish_reason, ref.stop_reason
+        ref.token_ids,
+        ref.text,
+        ref.finish_reason,
+        ref.stop_reason,
     )
     assert out.finish_reason == "stop" and stop not in out.text
 

@@ -139,4 +139,3 @@ class DraftKVCache:
         if masks is not None:
             meta.mask, meta.mask_start_loc = pack_masks([m.to(dev) for m in masks])
         return meta
-
