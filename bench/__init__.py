@@ -5,7 +5,7 @@ Modules (each runnable as ``python -m bench.<name>``; argparse only, so they run
 - ``engine_bench``: output tokens/s of our engine vs transformers ``generate`` (dynamic cache; static cache +
   torch.compile) at batch 1/8/32/64, and our batch-1 decode step time (issue 2).
 - ``spec_bench``: plain vs speculative decoding on real prompt sets: throughput ratio, MAL, acceptance,
-  per-position acceptance, step-time split, TTFT / ITL percentiles; engine-level or server-level (issue 7).
+  per-position acceptance, step-time split, TTFT / ITL percentiles; engine-level or server-level.
 - ``synthetic``: projected throughput ratio of a Qwen3-8B-shaped target with random weights, acceptance
   replayed from a per-position profile (a projection, not a measurement).
 - ``plots``: PNGs from the JSON files.

@@ -1,4 +1,4 @@
-"""Speculative-decoding benchmark (issue 7): plain decoding and every configured method on the same prompts, in
+"""Speculative-decoding benchmark: plain decoding and every configured method on the same prompts, in
 one run: output tokens/s, throughput ratio (speculative / plain), MAL, acceptance rate, per-position acceptance,
 step-time split (draft / verify / other), TTFT / ITL / TPOT percentiles.
 
