@@ -20,8 +20,9 @@ SUMMARY = re.compile(
 )
 
 
-def _demo(*serve_options: str) -> tuple[str, str]:
-    """Run the demo; returns its stdout and the server's log."""
+def _run_demo(*serve_options: str, timeout: float = 400) -> tuple[subprocess.CompletedProcess, str]:
+    """Run the demo with ``serve_options`` after the config; returns the finished process and the server's log
+    (its temporary file removed)."""
     env = os.environ | {"PYTHON": sys.executable, "PORT": str(free_port())}
     proc = subprocess.run(
         ["bash", "scripts/demo.sh", "configs/serve.yaml", "--num-cpus", "2", *serve_options],
@@ -29,7 +30,7 @@ def _demo(*serve_options: str) -> tuple[str, str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=timeout,
         check=False,
     )
     log_path = re.search(r"\(log: (\S+)\)", proc.stdout)
@@ -37,6 +38,12 @@ def _demo(*serve_options: str) -> tuple[str, str]:
     if log_path:
         log = Path(log_path.group(1)).read_text(errors="replace")
         Path(log_path.group(1)).unlink()
+    return proc, log
+
+
+def _demo(*serve_options: str) -> tuple[str, str]:
+    """Run the demo, which must succeed; returns its stdout and the server's log."""
+    proc, log = _run_demo(*serve_options)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
     return proc.stdout, log
 
@@ -72,21 +79,10 @@ def test_demo_passes_serve_options_through():
     """Options after CONFIG reach ``flexspec serve``: an invalid ``--speculative-config`` stops the server before
     Ray starts and the demo shows serve's one-line error (a second full demo run cost ~110 s of the suite; what
     serve does with a valid option, ``null`` included, is tested in tests/cluster/test_serve_config.py)."""
-    env = os.environ | {"PYTHON": sys.executable, "PORT": str(free_port())}
-    spec = '{"method": "ngram", "num_speculative_tokens": 0}'
-    proc = subprocess.run(
-        ["bash", "scripts/demo.sh", "configs/serve.yaml", "--speculative-config", spec],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    proc, _ = _run_demo(
+        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}', timeout=120
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "server exited:" in proc.stdout, proc.stdout
     assert "--speculative-config.ngram.num_speculative_tokens" in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stdout, proc.stdout
-    log = re.search(r"\(log: (\S+)\)", proc.stdout)
-    if log:
-        Path(log.group(1)).unlink(missing_ok=True)
