@@ -130,7 +130,7 @@ def test_skinny_path_with_qkv_bias_and_qk_norms(engine, family, tmp_path, monkey
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (src / name).is_file():
             shutil.copy(src / name, tmp_path / name)
-    monkeypatch.setattr(linear, "SKINNY_CPU_ROWS", (2, 0))  # F.linear everywhere
+    monkeypatch.setattr(linear, "CPU_GEMM", "f_linear")  # F.linear everywhere
     prompts = [[1, 5, 9, 200, 31], [1, 77, 3], [1, 4000, 12, 12, 8, 9, 10]]
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     fused_calls = []

@@ -1,8 +1,8 @@
 """T > 0: speculative sampling reproduces the target distribution (issue 3).
 
-Engine-level: the first output token of many seeded requests, with a draft model that disagrees with the
-target (a different real model would be ideal; here a top-k-restricted target keeps the histogram small),
-must match plain sampling's histogram. Kernel-level statistics (and the broken-residual negative control)
+Verifier level: histograms of the emitted token over thousands of drafts drawn from another distribution q match
+the target's p (chi-square), and a wrong q biases them (negative control). Engine level: seeded requests emit
+the same tokens with and without speculation. Kernel-level statistics (and the broken-residual negative control)
 live in tests/kernels/test_rejection.py.
 """
 
@@ -47,25 +47,20 @@ def test_verify_reproduces_target_distribution(probabilistic):
         assert _chi2(bad, p.numpy()) > 60.0
 
 
-def test_engine_sampling_with_speculation_matches_plain_histogram(engine):
+def test_seeded_sampling_with_speculation_emits_plain_samplings_tokens(engine):
+    """Engine level, T > 0: n-gram drafts are deterministic, so verification samples each position with the
+    request's seed and that position's noise, as plain decoding does: seeded requests emit the same tokens with
+    and without speculation (so any histogram of them is the same too)."""
     from tests.spec.conftest import spec_engine
 
     ids = engine.apply_chat_template([{"role": "user", "content": "Say a random color."}])
-    n = 160
-    params = [SamplingParams(max_tokens=2, temperature=1.0, top_k=4, seed=s) for s in range(n)]
+    n = 64
+    params = [SamplingParams(max_tokens=8, temperature=1.0, top_k=4, seed=s) for s in range(n)]
     plain = engine.generate([ids] * n, params)
-    eng = spec_engine({"method": "ngram", "num_speculative_tokens": 1}, max_num_seqs=128)
-    # n-gram drafts are deterministic: verification samples each position with the request's seed and that
-    # position's noise, as plain decoding does, so seeded outputs are the same tokens (and so is the histogram).
+    eng = spec_engine({"method": "ngram", "num_speculative_tokens": 2}, max_num_seqs=n)
     spec = eng.generate([ids] * n, params)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-    a = np.array([o.token_ids[-1] for o in plain])
-    b = np.array([o.token_ids[-1] for o in spec])
-    vocab = np.union1d(a, b)
-    ca = np.array([(a == v).sum() for v in vocab])
-    cb = np.array([(b == v).sum() for v in vocab])
-    # two-sample chi-square on the pooled histogram
-    tot = ca + cb
-    keep = tot >= 5
-    stat = (((ca - cb) ** 2) / tot)[keep].sum()
-    assert stat < 4 * keep.sum() + 20, (stat, ca, cb)
+    # the seeds really sample (top-4 at T = 1): the equality is not that of one repeated greedy answer
+    assert len({tuple(o.token_ids) for o in plain}) >= 4
+    m = eng.spec_metrics  # drafts were verified, some accepted and some rejected
+    assert 0 < m.num_accepted_tokens < m.num_draft_tokens, m.as_dict()
