@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from flexspec.distributed import TPGroup, shard_range
 
@@ -23,16 +24,21 @@ ONEDNN_ROWS_HINT = 32  # the row count oneDNN's weight layout is chosen for (any
 _HAS_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+# parameter -> (its version when packed, packed copy), by identity (tensors' == is elementwise)
+_PREPACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
 def _prepacked(weight: nn.Parameter) -> torch.Tensor:
-    """oneDNN's reordered copy of ``weight`` [N, K] (an opaque mkldnn tensor), made at first use and kept on the
-    parameter; made again when the parameter has changed in place since (its version counter moved; an
-    inference-mode tensor has none and cannot change in place outside inference mode)."""
+    """oneDNN's reordered copy of ``weight`` [N, K] (an opaque mkldnn tensor), made at first use and kept while
+    the parameter lives (outside it, so the module still pickles); made again when the parameter has changed in
+    place since (its version counter moved; an inference-mode tensor has none and cannot change in place
+    outside inference mode)."""
     version = -1 if weight.is_inference() else weight._version
-    cached = getattr(weight, "_onednn_prepacked", None)
+    cached = _PREPACKED.get(weight)
     if cached is None or cached[0] != version:
         with torch.no_grad():
             cached = (version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ONEDNN_ROWS_HINT))
-        weight._onednn_prepacked = cached  # type: ignore[attr-defined]
+        _PREPACKED[weight] = cached
     return cached[1]
 
 

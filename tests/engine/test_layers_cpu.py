@@ -4,6 +4,8 @@ summation order, with and without bias, and other shapes, dtypes and autograd go
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -39,16 +41,20 @@ def test_parameters_run_on_onednn_prepacked_and_rows_do_not_depend_on_the_batch(
     x = torch.randn(64, 96, generator=g)
     full = linear(x, w, b)
     torch.testing.assert_close(full, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
-    packed = w._onednn_prepacked
+    packed = L._PREPACKED[w]
     assert packed[1].is_mkldnn
     for rows in (1, 2, 8, 33):  # a row's result does not depend on how many rows share the GEMM
         assert torch.equal(linear(x[:rows], w, b), full[:rows])
     assert torch.equal(linear(x.view(8, 8, 96), w, b), full.view(8, 8, 160))  # leading dims kept
-    assert w._onednn_prepacked is packed  # packed once
+    assert L._PREPACKED[w] is packed  # packed once
     with torch.no_grad():
         w.mul_(2)  # changed in place (e.g. a checkpoint loaded into it): packed again
     torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
-    assert w._onednn_prepacked is not packed
+    assert L._PREPACKED[w] is not packed
+    m = nn.Linear(96, 160).requires_grad_(False)
+    linear(x, m.weight, m.bias)
+    assert m.weight in L._PREPACKED
+    pickle.loads(pickle.dumps(m))  # the packed copy lives outside the module, which stays picklable
 
 
 @needs_onednn
@@ -57,14 +63,14 @@ def test_autograd_and_the_switch_go_around_onednn(monkeypatch):
     w = nn.Parameter(torch.randn(16, 32, generator=g))  # requires grad: F.linear, which has a backward
     x = torch.randn(40, 32, generator=g)
     y = linear(x, w)
-    assert y.requires_grad and torch.equal(y, F.linear(x, w)) and not hasattr(w, "_onednn_prepacked")
+    assert y.requires_grad and torch.equal(y, F.linear(x, w)) and w not in L._PREPACKED
     y.sum().backward()
     assert w.grad is not None
     with torch.no_grad():
-        assert linear(x, w) is not None and hasattr(w, "_onednn_prepacked")
+        assert linear(x, w) is not None and w in L._PREPACKED
     monkeypatch.setattr(L, "CPU_GEMM", "f_linear")
     v = nn.Parameter(torch.randn(16, 32, generator=g), requires_grad=False)
-    assert torch.equal(linear(x[:8], v), F.linear(x[:8], v)) and not hasattr(v, "_onednn_prepacked")
+    assert torch.equal(linear(x[:8], v), F.linear(x[:8], v)) and v not in L._PREPACKED
 
 
 def test_linear_keeps_other_dtypes_and_ranks_on_f_linear():
