@@ -16,8 +16,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from flexspec.distributed import TPGroup, shard_range
 
-# fp32 GEMMs on CPU (``linear``): "onednn" runs weights that are ``nn.Parameter``s through oneDNN with the weight
-# reordered ("prepacked") once, "skinny" runs MKL as (W @ x^T)^T for SKINNY_CPU_ROWS rows, "f_linear" F.linear.
+# fp32 GEMMs on CPU (``linear``): "onednn" runs weights that are ``nn.Parameter``s through oneDNN with the
+# weight reordered ("prepacked") once, "skinny" runs MKL as (W @ x^T)^T for SKINNY_CPU_ROWS rows, "f_linear"
+# F.linear.
 CPU_GEMM: Literal["onednn", "skinny", "f_linear"] = "onednn"
 SKINNY_CPU_ROWS = (2, 32)  # rows of x for which the "skinny" form computes (W @ x^T)^T
 ONEDNN_ROWS_HINT = 32  # the row count oneDNN's weight layout is chosen for (any count runs with it)
@@ -29,10 +30,10 @@ _PREPACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _prepacked(weight: nn.Parameter) -> torch.Tensor:
-    """oneDNN's reordered copy of ``weight`` [N, K] (an opaque mkldnn tensor), made at first use and kept while
-    the parameter lives (outside it, so the module still pickles); made again when the parameter has changed in
-    place since (its version counter moved; an inference-mode tensor has none and cannot change in place
-    outside inference mode)."""
+    """oneDNN's reordered copy of ``weight`` [N, K] (an opaque mkldnn tensor), made at first use and kept
+    while the parameter lives (outside it, so the module still pickles); made again when the parameter has
+    changed in place since (its version counter moved; an inference-mode tensor has none and cannot change
+    in place outside inference mode)."""
     version = -1 if weight.is_inference() else weight._version
     cached = _PREPACKED.get(weight)
     if cached is None or cached[0] != version:
@@ -48,13 +49,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     fp32 on CPU (``CPU_GEMM``): a weight that is an ``nn.Parameter`` (a model's layer) goes through oneDNN's
     GEMM with the weight prepacked once (``torch.ops.mkldnn._linear_pointwise``, the op torch.compile's CPU
     backend emits): on a 2-core AVX2 machine a decode or verification step's GEMMs take ~20% less time than
-    the best MKL form at 8-64 rows, ~1.2-1.8x less than ``F.linear`` for prefill, and a row's result does not
-    depend on how many rows are in the batch. Not with autograd recording (oneDNN's op has no backward);
-    without oneDNN, or for other weights, 2-32 rows run as ``(weight @ x^T)^T`` (MKL's faster kernel for
-    that shape). Other dtypes and devices use ``F.linear``. Results differ from ``F.linear``'s only by fp32
-    summation order."""
+    the best MKL form at 8-64 rows, prefill runs 1.2-1.8x faster than through ``F.linear``, and a row's result
+    does not depend on how many rows are in the batch. Not with autograd recording (oneDNN's op has no
+    backward); without oneDNN, or for other weights, 2-32 rows run as ``(weight @ x^T)^T`` (MKL's faster
+    kernel for that shape). Other dtypes and devices use ``F.linear``. Results differ from ``F.linear``'s only
+    by fp32 summation order."""
     if x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32:
-        grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        tensors = (x, weight, bias)
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
         if CPU_GEMM == "onednn" and _HAS_ONEDNN and isinstance(weight, nn.Parameter) and not grad:
             return torch.ops.mkldnn._linear_pointwise(x, _prepacked(weight), bias, "none", [], "")
         lo, hi = SKINNY_CPU_ROWS

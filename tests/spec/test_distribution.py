@@ -1,9 +1,9 @@
 """T > 0: speculative sampling reproduces the target distribution (issue 3).
 
-Verifier level: histograms of the emitted token over thousands of drafts drawn from another distribution q match
-the target's p (chi-square), and a wrong q biases them (negative control). Engine level: seeded requests emit
-the same tokens with and without speculation. Kernel-level statistics (and the broken-residual negative control)
-live in tests/kernels/test_rejection.py.
+Verifier level: histograms of the emitted token over thousands of drafts drawn from another distribution q
+match the target's p (chi-square), and a wrong q biases them (negative control). Engine level: seeded
+requests emit the same tokens with and without speculation. Kernel-level statistics (and the broken-residual
+negative control) live in tests/kernels/test_rejection.py.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def test_verify_reproduces_target_distribution(probabilistic):
 
 
 def test_seeded_sampling_with_speculation_emits_plain_samplings_tokens(engine):
-    """Engine level, T > 0: n-gram drafts are deterministic, so verification samples each position with the
-    request's seed and that position's noise, as plain decoding does: seeded requests emit the same tokens with
-    and without speculation (so any histogram of them is the same too)."""
+    """Engine level, T > 0: n-gram drafts are deterministic, so verification samples each position with
+    the request's seed and that position's noise, as plain decoding does: seeded requests emit the same
+    tokens with and without speculation (so any histogram of them is the same too)."""
     from tests.spec.conftest import spec_engine
 
     ids = engine.apply_chat_template([{"role": "user", "content": "Say a random color."}])
