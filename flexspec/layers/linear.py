@@ -55,8 +55,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     kernel for that shape). Other dtypes and devices use ``F.linear``. Results differ from ``F.linear``'s only
     by fp32 summation order."""
     if x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32:
-        tensors = (x, weight, bias)
-        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+        needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+        grad = needs_grad and torch.is_grad_enabled()
         if CPU_GEMM == "onednn" and _HAS_ONEDNN and isinstance(weight, nn.Parameter) and not grad:
             return torch.ops.mkldnn._linear_pointwise(x, _prepacked(weight), bias, "none", [], "")
         lo, hi = SKINNY_CPU_ROWS
