@@ -324,12 +324,13 @@ def paged_attention(
     max_query_len: int | None = None,
     backend: Backend = "auto",
     step_cache: dict | None = None,
+    slot_mapping: torch.Tensor | None = None,  # [T] int64
 ) -> torch.Tensor:  # [T, Hq, D], dtype of q
     """Attention of this step's new tokens over their sequence's cached context and new tokens.
 
     Args:
         q: query tokens of this step, all sequences packed.
-        k, v: K/V of this step's new tokens; attended to from here, not from the cache.
+        k, v: K/V of this step's new tokens; attended to from here (or, with ``slot_mapping``, from the cache).
         k_cache, v_cache: paged cache; cached token ``i`` of seq ``s`` lives in block
             ``block_tables[s, i // block_size]`` at offset ``i % block_size``.
         block_tables: physical block ids per sequence (entries past the context are ignored).
@@ -345,6 +346,9 @@ def paged_attention(
         max_query_len: largest ``n_s``; only a tile-size hint for the Triton path.
         step_cache: a dict that lives for one step (all layers see the same metadata): the vectorized torch
             path keeps the gather indices and visibility mask it derives from the metadata there.
+        slot_mapping: where ``k`` / ``v`` were written to the cache before this call (``< 0``: not written); the
+            vectorized torch path then reads them from there when every new token sits at its sequence's next
+            position (one gather for context and new tokens). The Triton paths ignore it.
         backend: ``"auto"`` (Triton on CUDA, vectorized torch otherwise), ``"triton"``, ``"torch"``
             (vectorized, :mod:`flexspec_kernels.attention_torch`) or ``"torch_ref"`` (per-sequence reference).
     """
@@ -364,7 +368,7 @@ def paged_attention(
     )  # fmt: skip
     return paged_attention_torch(
         q, k, v, k_cache, v_cache, block_tables, context_lens, query_start_loc, positions,
-        scale, sliding_window, mask, mask_start_loc, logits_soft_cap, step_cache,
+        scale, sliding_window, mask, mask_start_loc, logits_soft_cap, step_cache, slot_mapping,
     )  # fmt: skip
 
 

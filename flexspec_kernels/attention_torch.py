@@ -7,6 +7,13 @@ Vectorized torch path of ``paged_attention`` for CPUs (one batched SDPA call per
 to the batch's longest context + new tokens, builds one boolean visibility mask [S, 1, n_max, L_max] and
 calls ``scaled_dot_product_attention`` once, which is several times faster on CPU for decode batches.
 Semantics are identical (tested against the reference).
+
+When the caller says where this step's K/V were written (``slot_mapping``, as the engine's layers do before
+attending) and every new token sits at its sequence's next position, keys and values are read in one
+``index_select`` per tensor over context + new tokens ("merged" plan): no masking copy of the gathered context,
+no concatenation, and with the same number of new tokens per sequence (decode, uniform verification) no
+padding of queries either. Padded key slots point at the sequence's own position 0, a written entry, so
+nothing outside the sequence's context and new tokens is read.
 """
 
 from __future__ import annotations
@@ -28,21 +35,92 @@ def _step_plan(
     block_size: int,
     num_tokens: int,
     step_cache: dict | None,
+    slot_mapping: torch.Tensor | None = None,
 ) -> dict | None:
     """What ``paged_attention_torch`` derives from a step's metadata (gather indices, the visibility mask): the
     same for every layer, so it is kept in ``step_cache`` (a dict that lives for one step, e.g.
     ``AttentionMetadata.step_cache``). Entries hold the metadata tensors they were built from and match them by
     identity (a ``dataclasses.replace``d metadata with another mask shares the dict but not the entry)."""
-    inputs = (block_tables, context_lens, query_start_loc, positions, mask, mask_start_loc)
+    inputs = (block_tables, context_lens, query_start_loc, positions, mask, mask_start_loc, slot_mapping)
     entries = None
     if step_cache is not None:
         entries = step_cache.setdefault(("paged_attention_torch", sliding_window, block_size, num_tokens), [])
         for held, plan in entries:
             if all(a is b for a, b in zip(held, inputs)):
                 return plan
-    plan = _make_plan(*inputs, sliding_window, block_size, num_tokens)
+    plan = None
+    if slot_mapping is not None:
+        plan = _merged_plan(*inputs, sliding_window, block_size, num_tokens)
+    if plan is None:
+        plan = _make_plan(*inputs[:-1], sliding_window, block_size, num_tokens)
     if entries is not None:
         entries.append((inputs, plan))
+    return plan
+
+
+def _merged_plan(
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor | None,
+    mask_start_loc: torch.Tensor | None,
+    slot_mapping: torch.Tensor,
+    sliding_window: int | None,
+    bsz: int,
+    T: int,
+) -> dict | None:
+    """The plan that reads this step's new K/V from the cache (see the module docstring), or None where it does
+    not apply: a sequence without new tokens, a new token not cached at its sequence's next position (mask
+    tokens with slot -1, drafting groups at shifted positions), or a sequence longer than its block table."""
+    S = context_lens.shape[0]
+    if S == 0 or T == 0 or slot_mapping.shape != (T,):
+        return None
+    qsl = query_start_loc.long()
+    n = qsl[1:] - qsl[:-1]  # [S]
+    if not bool((n > 0).all()):
+        return None
+    ctx = context_lens.long()
+    dev = positions.device
+    seq_len = ctx + n  # [S] keys per sequence: context + new tokens
+    n_max, L = int(n.max()), int(seq_len.max())
+    tables = block_tables.long()
+    if L > tables.shape[1] * bsz:
+        return None
+
+    def slot_of(pos: torch.Tensor) -> torch.Tensor:  # [S, m] positions -> cache slots
+        return tables.gather(1, (pos // bsz).clamp(max=tables.shape[1] - 1)) * bsz + pos % bsz
+
+    i = torch.arange(n_max, device=dev)
+    valid_q = i.unsqueeze(0) < n.unsqueeze(1)  # [S, n_max]
+    rows = (qsl[:-1].unsqueeze(1) + i).clamp(max=T - 1)  # [S, n_max]
+    next_pos = ctx.unsqueeze(1) + i  # [S, n_max]
+    at_next = (positions[rows] == next_pos) & (slot_mapping[rows] == slot_of(next_pos))
+    if not bool((at_next | ~valid_q).all()):
+        return None
+    j = torch.arange(L, device=dev)
+    in_seq = j.unsqueeze(0) < seq_len.unsqueeze(1)  # [S, L]
+    first = tables[:, :1] * bsz  # [S, 1] slot of position 0: written (context or this step's first token)
+    slots = torch.where(in_seq, slot_of(j.expand(S, L)), first)
+    rel = j.unsqueeze(0) - ctx.unsqueeze(1)  # [S, L] index among the new tokens (< 0: context)
+    is_new = (rel >= 0) & in_seq
+    if mask is None:
+        new_vis = rel.unsqueeze(1) <= i.view(1, n_max, 1)  # causal by index
+    else:
+        assert mask_start_loc is not None
+        ms = mask_start_loc.long()
+        idx = ms[:-1].view(S, 1, 1) + i.view(1, n_max, 1) * n.view(S, 1, 1) + rel.clamp(min=0).unsqueeze(1)
+        new_vis = mask[idx.clamp(0, max(mask.numel() - 1, 0))]  # [S, n_max, L]
+    visible = (rel < 0).unsqueeze(1) | (is_new.unsqueeze(1) & new_vis)  # [S, n_max, L]
+    if sliding_window is not None:
+        visible = visible & (next_pos.unsqueeze(2) - j.view(1, 1, L) < sliding_window)
+    any_vis = visible.any(-1, keepdim=True)  # [S, n_max, 1]
+    uniform = bool((n == n_max).all()) and int(qsl[0]) == 0 and S * n_max == T  # queries need no padding
+    plan: dict = {"merged": True, "slots": slots.view(-1), "S": S, "L": L, "n_max": n_max, "uniform": uniform}
+    plan["safe"] = None if bool(visible.all()) else (visible | ~any_vis).unsqueeze(1)  # [S, 1, n_max, L]
+    plan["any_vis"] = None if bool((any_vis | ~valid_q.unsqueeze(2)).all()) else any_vis.unsqueeze(-1)
+    if not uniform:
+        plan["rows"], plan["valid_q"], plan["out_rows"] = rows, valid_q, rows[valid_q]
     return plan
 
 
@@ -118,16 +196,19 @@ def paged_attention_torch(
     mask_start_loc: torch.Tensor | None = None,  # [S + 1] int64
     logits_soft_cap: float | None = None,
     step_cache: dict | None = None,  # derived metadata shared by the step's layers (see _step_plan)
+    slot_mapping: torch.Tensor | None = None,  # [T] int64: k / v were written to the cache at these slots
 ) -> torch.Tensor:  # [T, Hq, D]
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     S = context_lens.shape[0]
     plan = _step_plan(
         block_tables, context_lens, query_start_loc, positions, mask, mask_start_loc, sliding_window,
-        k_cache.shape[1], T, step_cache,
+        k_cache.shape[1], T, step_cache, slot_mapping,
     )  # fmt: skip
     if plan is None:
         return torch.zeros_like(q)
+    if plan.get("merged"):
+        return _attend_merged(q, k_cache, v_cache, plan, scale, logits_soft_cap)
     c_max, rows = plan["c_max"], plan["rows"]
     if c_max:
         slots, keep = plan["slots"], plan["keep"]
@@ -152,6 +233,44 @@ def paged_attention_torch(
         s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
         o = torch.softmax(s.masked_fill(~safe, float("-inf")), -1) @ vh
     o = o.transpose(1, 2) * plan["any_vis"]  # [S, n_max, Hq, D]
+    out = torch.zeros_like(q)
+    out[plan["out_rows"]] = o[plan["valid_q"]].to(q.dtype)
+    return out
+
+
+def _attend_merged(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    plan: dict,
+    scale: float,
+    logits_soft_cap: float | None,
+) -> torch.Tensor:  # [T, Hq, D]
+    """Attention under a merged plan (``_merged_plan``): keys and values of context + new tokens gathered from
+    the cache in one ``index_select`` each."""
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    S, L, n_max = plan["S"], plan["L"], plan["n_max"]
+    kh, vh = (  # [S, Hkv, L, D]
+        c.reshape(-1, Hkv * D).index_select(0, plan["slots"]).view(S, L, Hkv, D).transpose(1, 2).float()
+        for c in (k_cache, v_cache)
+    )
+    qs = q.view(S, n_max, Hq, D) if plan["uniform"] else q[plan["rows"]]
+    qh = qs.transpose(1, 2).float()  # [S, Hq, n_max, D]
+    safe = plan["safe"]  # [S, 1, n_max, L] or None (every key visible to every query)
+    if logits_soft_cap is None:
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=safe, scale=scale, enable_gqa=Hq != Hkv)
+    else:
+        kh = kh.repeat_interleave(Hq // Hkv, dim=1)
+        vh = vh.repeat_interleave(Hq // Hkv, dim=1)
+        s = torch.einsum("shqd,shkd->shqk", qh, kh) * scale
+        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
+        o = torch.softmax(s if safe is None else s.masked_fill(~safe, float("-inf")), -1) @ vh
+    o = o.transpose(1, 2)  # [S, n_max, Hq, D]
+    if plan["any_vis"] is not None:
+        o = o * plan["any_vis"]  # queries with no visible key give zeros
+    if plan["uniform"]:
+        return o.reshape(T, Hq, D).to(q.dtype)
     out = torch.zeros_like(q)
     out[plan["out_rows"]] = o[plan["valid_q"]].to(q.dtype)
     return out

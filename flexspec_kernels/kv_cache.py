@@ -102,8 +102,12 @@ def store_kv_cache_ref(
 ) -> None:
     """Plain-torch reference (and CPU path) of :func:`store_kv_cache`."""
     _check_args(key, value, k_cache, v_cache, slot_mapping)
-    num_kv_heads, head_dim = key.shape[1:]
+    num_tokens, num_kv_heads, head_dim = key.shape
     keep = slot_mapping >= 0  # [T]
+    if slot_mapping.device.type == "cpu" and bool(keep.all()):  # every token cached: one row copy per cache
+        k_cache.view(-1, num_kv_heads * head_dim).index_copy_(0, slot_mapping, key.reshape(num_tokens, -1))
+        v_cache.view(-1, num_kv_heads * head_dim).index_copy_(0, slot_mapping, value.reshape(num_tokens, -1))
+        return
     slots = slot_mapping[keep]  # [T_kept]
     k_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep]
     v_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep]

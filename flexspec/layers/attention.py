@@ -100,4 +100,5 @@ class Attention(nn.Module):
             logits_soft_cap=self.logits_soft_cap,
             max_query_len=meta.max_query_len,
             step_cache=meta.step_cache,
+            slot_mapping=meta.slot_mapping if self.k_cache.numel() else None,
         )

@@ -41,6 +41,7 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(t, inv)  # [max_position, D/2]
         self.register_buffer("cos", freqs.cos().float(), persistent=False)
         self.register_buffer("sin", freqs.sin().float(), persistent=False)
+        self._held: tuple | None = None  # (positions copy, cos table, cos rows, sin rows): see _rows
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
@@ -51,9 +52,22 @@ class RotaryEmbedding(nn.Module):
         """
         if self.fusable(positions, q, k):
             return rotary_embedding_triton(positions, q, k, self.cos, self.sin)
+        cos, sin = self._rows(positions)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def _rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([..., 1, D] (cos, cos), [..., 1, D] (-sin, sin)) at ``positions``, the rotate-half layout. The last
+        positions' rows are kept on CPU, where a step's layers ask for the same positions (matched by value; not
+        on GPUs, where a CUDA graph capture must record the gather)."""
+        held = self._held
+        if held is not None and held[1] is self.cos and torch.equal(held[0], positions):
+            return held[2], held[3]
         cos = self.cos[positions].unsqueeze(-2)  # [..., 1, D/2]
         sin = self.sin[positions].unsqueeze(-2)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        rows = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+        if positions.device.type == "cpu":
+            self._held = (positions.clone(), self.cos, *rows)
+        return rows
 
     def fusable(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
         """Whether ``flexspec_kernels.rotary``'s Triton kernel serves these inputs (CUDA, no autograd, [T, H, D])."""
@@ -83,5 +97,7 @@ class RotaryEmbedding(nn.Module):
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    """x * (cos, cos) + rotate_half(x) * (-sin, sin) in fp32: (x1 cos - x2 sin, x2 cos + x1 sin), bit for bit."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat((x2, x1), dim=-1) * sin).to(x.dtype)

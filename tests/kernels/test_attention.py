@@ -399,3 +399,61 @@ def test_step_cache_is_shared_by_layers_and_keyed_by_the_metadata():
     got = paged_attention(**causal, backend="torch", step_cache=cache)
     torch.testing.assert_close(got, paged_attention_ref(**causal), rtol=1e-5, atol=1e-5)
     assert sum(map(len, cache.values())) == 2
+
+
+def _stored_batch(ctx_lens, new_lens, **kw):
+    """A batch as the engine's layers hand it over: block tables with room for the new tokens, whose K/V were
+    just written to the cache (``store_kv_cache``) at their sequence's next positions; returns (batch, slots)."""
+    from flexspec_kernels import store_kv_cache
+
+    b = _make_batch([c + n for c, n in zip(ctx_lens, new_lens)], new_lens, **kw)
+    bsz = b["k_cache"].shape[1]
+    pos = [torch.arange(c, c + n) for c, n in zip(ctx_lens, new_lens)]
+    tables = b["block_tables"].long()
+    slots = torch.cat([tables[s, p // bsz] * bsz + p % bsz for s, p in enumerate(pos)]).long()
+    b["context_lens"] = torch.tensor(ctx_lens, dtype=torch.int32)
+    b["positions"] = torch.cat(pos + [torch.zeros(0, dtype=torch.long)])
+    nan = torch.full_like(b["k_cache"].view(-1, *b["k_cache"].shape[2:])[0], float("nan"))
+    for s, (c, n) in enumerate(zip(ctx_lens, new_lens)):  # positions past the context are not cached yet
+        for p in range(c, c + n):
+            b["k_cache"][tables[s, p // bsz], p % bsz] = nan
+            b["v_cache"][tables[s, p // bsz], p % bsz] = nan
+    store_kv_cache(b["k"], b["v"], b["k_cache"], b["v_cache"], slots)
+    return b, slots
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_torch_path_reading_new_tokens_from_the_cache_matches_reference(name):
+    """With ``slot_mapping`` the CPU path gathers context and new tokens from the cache in one pass (the merged
+    plan) wherever every sequence has new tokens at its next positions; the result equals the reference. Unused
+    cache entries hold NaN, so a read outside a sequence's keys shows."""
+    from flexspec_kernels.attention_torch import paged_attention_torch
+
+    ctx_lens, new_lens, batch_kw, attn_kw = CASES[name]
+    b, slots = _stored_batch(ctx_lens, new_lens, **batch_kw)
+    cache: dict = {}
+    got = paged_attention_torch(**b, **attn_kw, step_cache=cache, slot_mapping=slots)
+    torch.testing.assert_close(got, paged_attention_ref(**b, **attn_kw))
+    (plan,) = [p for entries in cache.values() for _, p in entries]
+    assert bool(plan.get("merged")) == (min(new_lens) > 0), plan.keys()
+
+
+@pytest.mark.parametrize("change", ["slot_not_cached", "shifted_positions", "other_slot"])
+def test_torch_path_falls_back_when_new_tokens_are_not_at_their_next_slots(change):
+    """Mask tokens that are not cached (slot -1), drafting groups at shifted positions, or a token cached
+    elsewhere than its position's slot: the new tokens' K/V come from ``k`` / ``v`` (the gathering plan)."""
+    from flexspec_kernels.attention_torch import paged_attention_torch
+
+    b, slots = _stored_batch([9, 14], [5, 4], masks="random")
+    slots = slots.clone()
+    if change == "slot_not_cached":
+        slots[2] = -1
+    elif change == "shifted_positions":
+        b["positions"] = b["positions"] + 1
+    else:
+        slots[6] = slots[7]
+    cache: dict = {}
+    got = paged_attention_torch(**b, step_cache=cache, slot_mapping=slots)
+    torch.testing.assert_close(got, paged_attention_ref(**b))
+    (plan,) = [p for entries in cache.values() for _, p in entries]
+    assert "merged" not in plan
