@@ -4,7 +4,7 @@ set -u
 export FLEXSPEC_CACHE_DIR=/tmp/flexspec-cache PYTHONPATH=/tmp/site:.
 for m in dflash flexdraft; do cp /tmp/stage/bundle/drafters/$m/model.safetensors flexspec/data/drafters/smollm2-135m-instruct-$m/; done
 mkdir -p $OUT/preload
-timeout 100 python3 _ab/tune_preload.py > $OUT/preload/tune.log 2>&1; echo "tune rc=$?"; grep "preload=" $OUT/preload/tune.log | cut -c1-330
+timeout 100 python3 bench/results/h200-2026-12-05-s26/tune_preload.py > $OUT/preload/tune.log 2>&1; echo "tune rc=$?"; grep "preload=" $OUT/preload/tune.log | cut -c1-330
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/kernels/test_skinny_linear.py tests/kernels/test_pdl.py > $OUT/preload/kernel_tests.log 2>&1; echo "kernel tests rc=$?"; tail -2 $OUT/preload/kernel_tests.log
 for E in 1 0; do
   FLEXSPEC_DOT_PRELOAD=$E timeout 100 python3 -m bench.plain_overhead --batch-sizes 1,8,16 --steps 200 --repeats 2 --profile-steps 0 \
