@@ -178,9 +178,13 @@ class ModelRunner:
                 param="max_model_len",
             )
         shape_of = lambda a: (num_blocks, self.block_size, a.num_kv_heads, a.head_dim)
+        # On CPU the cache is not zeroed: its pages are committed as blocks are first written (the 1 GiB default
+        # is not resident from the start), and no CPU path reads an entry before it is written (the attention's
+        # gathers mask or skip anything past a sequence's tokens). GPU caches start zeroed, as before.
+        alloc = torch.zeros if self.device.type != "cpu" else torch.empty
         for a in self.attn_layers:
-            a.k_cache = torch.zeros(shape_of(a), dtype=self.dtype, device=self.device)
-            a.v_cache = torch.zeros(shape_of(a), dtype=self.dtype, device=self.device)
+            a.k_cache = alloc(shape_of(a), dtype=self.dtype, device=self.device)
+            a.v_cache = alloc(shape_of(a), dtype=self.dtype, device=self.device)
         self.num_kv_blocks = num_blocks
         if self.spec_worker is not None:
             self.spec_worker.drafter.allocate(num_blocks)
