@@ -116,7 +116,7 @@ def _merged_plan(
         visible = visible & (next_pos.unsqueeze(2) - j.view(1, 1, L) < sliding_window)
     any_vis = visible.any(-1, keepdim=True)  # [S, n_max, 1]
     uniform = bool((n == n_max).all()) and int(qsl[0]) == 0 and S * n_max == T  # queries need no padding
-    plan: dict = {"merged": True, "slots": slots.view(-1), "S": S, "L": L, "n_max": n_max, "uniform": uniform}
+    plan: dict = {"merged": True, "slots": slots.view(-1), "L": L, "n_max": n_max, "uniform": uniform}
     plan["safe"] = None if bool(visible.all()) else (visible | ~any_vis).unsqueeze(1)  # [S, 1, n_max, L]
     plan["any_vis"] = None if bool((any_vis | ~valid_q.unsqueeze(2)).all()) else any_vis.unsqueeze(-1)
     if not uniform:
@@ -207,23 +207,27 @@ def paged_attention_torch(
     )  # fmt: skip
     if plan is None:
         return torch.zeros_like(q)
-    if plan.get("merged"):
-        return _attend_merged(q, k_cache, v_cache, plan, scale, logits_soft_cap)
-    c_max, rows = plan["c_max"], plan["rows"]
-    if c_max:
-        slots, keep = plan["slots"], plan["keep"]
-        k_ctx = torch.where(keep, k_cache.reshape(-1, Hkv, D)[slots], 0)
-        v_ctx = torch.where(keep, v_cache.reshape(-1, Hkv, D)[slots], 0)
+    if plan.get("merged"):  # context + new tokens from the cache, one gather each
+        L, n_max = plan["L"], plan["n_max"]
+        kh, vh = (  # [S, Hkv, L, D]
+            c.reshape(-1, Hkv * D).index_select(0, plan["slots"]).view(S, L, Hkv, D).transpose(1, 2).float()
+            for c in (k_cache, v_cache)
+        )
+        qs = q.view(S, n_max, Hq, D) if plan["uniform"] else q[plan["rows"]]
     else:
-        k_ctx = k.new_zeros(S, 0, Hkv, D)
-        v_ctx = k_ctx
-    keys = torch.cat([k_ctx, k[rows]], dim=1)  # [S, L, Hkv, D]
-    values = torch.cat([v_ctx, v[rows]], dim=1)
-
-    qh = q[rows].transpose(1, 2).float()  # [S, Hq, n_max, D]
-    kh = keys.transpose(1, 2).float()  # [S, Hkv, L, D]
-    vh = values.transpose(1, 2).float()
-    safe = plan["safe"]  # [S, 1, n_max, L]
+        c_max, rows = plan["c_max"], plan["rows"]
+        if c_max:
+            slots, keep = plan["slots"], plan["keep"]
+            k_ctx = torch.where(keep, k_cache.reshape(-1, Hkv, D)[slots], 0)
+            v_ctx = torch.where(keep, v_cache.reshape(-1, Hkv, D)[slots], 0)
+        else:
+            k_ctx = k.new_zeros(S, 0, Hkv, D)
+            v_ctx = k_ctx
+        kh = torch.cat([k_ctx, k[rows]], dim=1).transpose(1, 2).float()  # [S, Hkv, L, D]
+        vh = torch.cat([v_ctx, v[rows]], dim=1).transpose(1, 2).float()
+        qs = q[rows]
+    qh = qs.transpose(1, 2).float()  # [S, Hq, n_max, D]
+    safe = plan["safe"]  # [S, 1, n_max, L]; None: every key visible to every query
     if logits_soft_cap is None:
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=safe, scale=scale, enable_gqa=Hq != Hkv)
     else:
@@ -231,45 +235,11 @@ def paged_attention_torch(
         vh = vh.repeat_interleave(Hq // Hkv, dim=1)
         s = torch.einsum("shqd,shkd->shqk", qh, kh) * scale
         s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
-        o = torch.softmax(s.masked_fill(~safe, float("-inf")), -1) @ vh
-    o = o.transpose(1, 2) * plan["any_vis"]  # [S, n_max, Hq, D]
-    out = torch.zeros_like(q)
-    out[plan["out_rows"]] = o[plan["valid_q"]].to(q.dtype)
-    return out
-
-
-def _attend_merged(
-    q: torch.Tensor,  # [T, Hq, D]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
-    v_cache: torch.Tensor,
-    plan: dict,
-    scale: float,
-    logits_soft_cap: float | None,
-) -> torch.Tensor:  # [T, Hq, D]
-    """Attention under a merged plan (``_merged_plan``): keys and values of context + new tokens gathered from
-    the cache in one ``index_select`` each."""
-    T, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    S, L, n_max = plan["S"], plan["L"], plan["n_max"]
-    kh, vh = (  # [S, Hkv, L, D]
-        c.reshape(-1, Hkv * D).index_select(0, plan["slots"]).view(S, L, Hkv, D).transpose(1, 2).float()
-        for c in (k_cache, v_cache)
-    )
-    qs = q.view(S, n_max, Hq, D) if plan["uniform"] else q[plan["rows"]]
-    qh = qs.transpose(1, 2).float()  # [S, Hq, n_max, D]
-    safe = plan["safe"]  # [S, 1, n_max, L] or None (every key visible to every query)
-    if logits_soft_cap is None:
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=safe, scale=scale, enable_gqa=Hq != Hkv)
-    else:
-        kh = kh.repeat_interleave(Hq // Hkv, dim=1)
-        vh = vh.repeat_interleave(Hq // Hkv, dim=1)
-        s = torch.einsum("shqd,shkd->shqk", qh, kh) * scale
-        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
         o = torch.softmax(s if safe is None else s.masked_fill(~safe, float("-inf")), -1) @ vh
     o = o.transpose(1, 2)  # [S, n_max, Hq, D]
     if plan["any_vis"] is not None:
         o = o * plan["any_vis"]  # queries with no visible key give zeros
-    if plan["uniform"]:
+    if plan.get("uniform"):
         return o.reshape(T, Hq, D).to(q.dtype)
     out = torch.zeros_like(q)
     out[plan["out_rows"]] = o[plan["valid_q"]].to(q.dtype)

@@ -360,9 +360,11 @@ def skinny_linear_triton(
     if variant != "dot":
         raise ValueError(f"variant must be 'gemv', 'dot' or None, got {variant!r}")
     bn = block_n or _block_n(n)
-    if preload is None:
-        tile = triton.next_power_of_2(k) * bn * (2 if activation else 1) * weight.element_size()
-        preload = pdl and weight.element_size() == 2 and tile <= DOT_PRELOAD_MAX_BYTES and dot_preload()
+    if preload is None:  # 16-bit weight slices (both halves with an activation) of at most the limit
+        slice_bytes = triton.next_power_of_2(k) * bn * (2 if activation else 1) * 2
+        preload = (
+            pdl and weight.element_size() == 2 and slice_bytes <= DOT_PRELOAD_MAX_BYTES and dot_preload()
+        )
     bk = triton.next_power_of_2(k) if preload else (block_k or (128 if k >= 1024 else 64))
     _skinny_linear_kernel[(triton.cdiv(n, bn),)](
         x, weight,

@@ -1,13 +1,14 @@
-"""Programmatic dependent launch (``flexspec_kernels.pdl``): when it applies, how its setting is read, and on a
-Hopper GPU that a chain of dependent kernels replayed from a CUDA graph gives bit-identical results with and
-without it (PDL changes when kernels start, never what they compute; a missing wait would show as a race)."""
+"""Programmatic dependent launch (``flexspec_kernels.pdl``): when it applies, how its settings (PDL, the dot
+form's preloading under it) are read, and on a Hopper GPU that a chain of dependent kernels replayed from a CUDA
+graph gives bit-identical results with and without it (PDL changes when kernels start, never what they compute;
+a missing wait would show as a race)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from flexspec_kernels import pdl
+from flexspec_kernels import pdl, skinny_linear
 from flexspec_kernels._dispatch import EnvSettingError
 from flexspec_kernels.argmax import argmax
 from flexspec_kernels.skinny_linear import skinny_linear_triton
@@ -21,19 +22,26 @@ def test_pdl_only_on_cuda_hopper_and_later():
     assert not pdl.pdl_supported((9, 0), is_hip=False, has_gdc=False)  # a Triton without gdc_wait
 
 
-def test_pdl_setting_is_read_once_and_checked(monkeypatch):
-    monkeypatch.setattr(pdl, "PDL", None)
-    monkeypatch.setenv("FLEXSPEC_PDL", "Off")
-    assert pdl.pdl_setting() is False
-    monkeypatch.setenv("FLEXSPEC_PDL", "1")
-    assert pdl.pdl_setting() is False  # read at first use only; tests and benchmarks assign PDL
-    monkeypatch.setattr(pdl, "PDL", None)
-    monkeypatch.setenv("FLEXSPEC_PDL", "sometimes")
-    with pytest.raises(EnvSettingError, match="FLEXSPEC_PDL='sometimes'"):
-        pdl.pdl_setting()
-    monkeypatch.setattr(pdl, "PDL", None)
-    monkeypatch.delenv("FLEXSPEC_PDL")
-    assert pdl.pdl_setting() is True  # on by default
+@pytest.mark.parametrize(
+    ("module", "attr", "var", "read"),
+    [
+        (pdl, "PDL", "FLEXSPEC_PDL", pdl.pdl_setting),
+        (skinny_linear, "DOT_PRELOAD", "FLEXSPEC_DOT_PRELOAD", skinny_linear.dot_preload),
+    ],
+)
+def test_pdl_settings_are_read_once_and_checked(monkeypatch, module, attr, var, read):
+    monkeypatch.setattr(module, attr, None)
+    monkeypatch.setenv(var, "Off")
+    assert read() is False
+    monkeypatch.setenv(var, "1")
+    assert read() is False  # read at first use only; tests and benchmarks assign the module attribute
+    monkeypatch.setattr(module, attr, None)
+    monkeypatch.setenv(var, "sometimes")
+    with pytest.raises(EnvSettingError, match=f"{var}='sometimes'"):
+        read()
+    monkeypatch.setattr(module, attr, None)
+    monkeypatch.delenv(var)
+    assert read() is True  # on by default
 
 
 def test_no_pdl_on_cpu_or_in_the_interpreter(monkeypatch):
