@@ -8,12 +8,18 @@ from flexspec.engine.sequence import Sequence
 
 
 class BlockManager:
-    """Hands out fixed-size KV blocks; a sequence's ``block_table`` maps its logical blocks to physical ones."""
+    """Hands out fixed-size KV blocks; a sequence's ``block_table`` maps its logical blocks to physical ones.
+
+    Free blocks form a stack: the blocks freed last are handed out first (block 0 first on a fresh cache).
+    There is no prefix caching to keep freed blocks' contents for, and the set of blocks ever written stays
+    that of the peak number in use, so a CPU cache (allocated without zeroing, its pages committed as first
+    written) keeps only the peak's memory resident instead of cycling through all of it.
+    """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free_block_ids: deque[int] = deque(range(num_blocks))
+        self.free_block_ids: deque[int] = deque(range(num_blocks - 1, -1, -1))  # top of the stack: the right
 
     @property
     def num_free_blocks(self) -> int:
@@ -37,10 +43,10 @@ class BlockManager:
         n = self.blocks_needed(seq, num_tokens)
         if n > self.num_free_blocks:
             raise RuntimeError(f"KV cache out of blocks: need {n}, have {self.num_free_blocks}")
-        seq.block_table.extend(self.free_block_ids.popleft() for _ in range(n))
+        seq.block_table.extend(self.free_block_ids.pop() for _ in range(n))
 
     def free(self, seq: Sequence) -> None:
         """Return all of ``seq``'s blocks; its cached tokens must be recomputed if it runs again."""
-        self.free_block_ids.extend(reversed(seq.block_table))
+        self.free_block_ids.extend(reversed(seq.block_table))  # its first block on top
         seq.block_table = []
         seq.num_computed_tokens = 0
