@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from configs import EngineConfig, SamplingParams
 from flexspec.engine.llm_engine import LLMEngine
 from tests.conftest import real_prompts
+
+pytestmark = pytest.mark.slow  # among the longest modules: scheduled first
 
 GREEDY_64 = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=False)
 

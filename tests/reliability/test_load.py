@@ -13,6 +13,8 @@ import pytest
 from bench.load_test import DEFAULT_PROMPTS, LoadConfig, run_load
 from configs import SamplingParams
 
+pytestmark = pytest.mark.serial  # 64 clients against a deadline: run alone, not beside a busy test worker
+
 MAX_TOKENS = 16
 
 

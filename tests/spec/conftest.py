@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 
 import pytest
 
@@ -17,14 +19,29 @@ def spec_engine(speculative_config: dict, **overrides) -> LLMEngine:
 
 
 @pytest.fixture(scope="session")
-def plain_128(engine):
-    """Plain greedy outputs (128 tokens) of 21 real prompts, computed once per session."""
+def plain_128(engine, tmp_path_factory):
+    """Plain greedy outputs (128 tokens) of 21 real prompts, computed once per test run: pytest-xdist workers
+    share them through a file in the run's own temp folder (under a lock), so only the first computes them
+    (~1 min of one core)."""
+    from filelock import FileLock
+
     from configs import SamplingParams
     from tests.conftest import real_prompts
 
     prompts = real_prompts(engine, n_each=7)
-    outs = engine.generate(prompts, SamplingParams(max_tokens=128, temperature=0))
-    return prompts, [o.token_ids for o in outs]
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the parent of a lone run's temp folder outlives the run
+        outs = engine.generate(prompts, SamplingParams(max_tokens=128, temperature=0))
+        return prompts, [o.token_ids for o in outs]
+    shared = tmp_path_factory.getbasetemp().parent / "plain_128.json"  # this run's, shared by its workers
+    with FileLock(f"{shared}.lock"):
+        if shared.is_file():
+            saved = json.loads(shared.read_text())
+            assert saved["prompts"] == prompts
+            return prompts, saved["outputs"]
+        outs = engine.generate(prompts, SamplingParams(max_tokens=128, temperature=0))
+        ref = [o.token_ids for o in outs]
+        shared.write_text(json.dumps({"prompts": prompts, "outputs": ref}))
+    return prompts, ref
 
 
 def histories_after(worker, inp, out) -> dict[int, list[int]]:

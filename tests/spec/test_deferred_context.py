@@ -13,6 +13,8 @@ from flexspec.models.features import FeatureCache
 from flexspec.spec.policy import Decision
 from tests.spec.conftest import spec_engine
 
+pytestmark = pytest.mark.slow  # among the longest modules: scheduled first
+
 DFLASH = {"method": "dflash", "model": "smollm2-135m-instruct-dflash", "num_speculative_tokens": 4}
 
 

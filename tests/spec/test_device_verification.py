@@ -15,6 +15,8 @@ from flexspec.spec.metrics import SpecDecodingMetrics
 from flexspec.spec.verifier import _verify_by_target_sample, accept_deterministic_drafts
 from tests.spec.conftest import on_worker_outputs, spec_engine
 
+pytestmark = pytest.mark.slow  # among the longest modules: scheduled first
+
 SPECS = {
     "dflash": {"method": "dflash", "model": "smollm2-135m-instruct-dflash"},
     "flexdraft": {"method": "flexdraft", "model": "smollm2-135m-instruct-flexdraft"},

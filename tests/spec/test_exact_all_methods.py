@@ -32,6 +32,8 @@ from tests.spec.test_dspark import dspark_dir  # noqa: F401  (random-init DSpark
 from tests.spec.test_eagle3 import eagle_dir  # noqa: F401  (random-init EAGLE-3 checkpoint)
 from tests.spec.test_mtp import tiny_target  # noqa: F401  (random 2-layer Llama, the default tokenizer)
 
+pytestmark = pytest.mark.slow  # among the longest modules: scheduled first
+
 MAX_TOKENS = 128
 MAX_NUM_SEQS = 8
 MAX_MODEL_LEN = 512  # longest prompt (140) + 128 tokens + drafts
