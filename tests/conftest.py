@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
-# pytest-xdist (the README's test command runs two workers): the cores are split between the workers and the
+# pytest-xdist (two workers: see README "Quick start"): the cores are split between the workers and the
 # processes they start (CLI runs, servers), so two workers' OpenMP thread pools do not spin against each other
 # on the same cores (two 2-thread processes on 2 cores ran ~5x slower each than alone; 1 thread each, ~1.5x).
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -44,9 +44,10 @@ def _collect_dropped_engines():
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # ``slow`` modules first (a stable sort): the README's two xdist workers start on the longest files and the
-    # run ends on short ones, not on one long file with the other worker idle.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # Under pytest-xdist, ``slow`` modules first (a stable sort): both workers start on the longest files and
+    # the run ends on short ones, not on one long file with the other worker idle.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a GPU; run on the H200 with `pytest -m gpu`")
