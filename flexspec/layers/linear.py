@@ -66,16 +66,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, initialisation and state-dict keys) whose forward is :func:`linear`: for
-    drafters' layers, so fp32 CPU inference runs oneDNN with the weight prepacked like the target's layers
-    (MKL's ``F.linear`` at 2-16 rows is ~2-4x slower on AVX2 CPUs). Training (autograd recording), other
-    dtypes and GPUs compute ``F.linear`` as ``nn.Linear`` does."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
-
-
 class LinearBase(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup) -> None:
         super().__init__()

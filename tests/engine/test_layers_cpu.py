@@ -82,32 +82,3 @@ def test_linear_keeps_other_dtypes_and_ranks_on_f_linear():
     assert torch.equal(linear(x, w), F.linear(x, w))
     xh, wh = x[0].to(torch.bfloat16), w.to(torch.bfloat16)
     assert torch.equal(linear(xh, wh), F.linear(xh, wh))
-
-
-@needs_onednn
-def test_drafter_linear_is_nn_linear_that_infers_on_onednn_and_trains_on_f_linear():
-    torch.manual_seed(0)
-    m, ref = L.Linear(96, 160), nn.Linear(96, 160)
-    ref.load_state_dict(m.state_dict())  # same parameters and state-dict keys as nn.Linear
-    assert isinstance(m, nn.Linear) and m.state_dict().keys() == ref.state_dict().keys()
-    x = torch.randn(64, 96)
-    y = m(x)  # training: autograd records, F.linear (it has a backward)
-    assert y.requires_grad and torch.equal(y, ref(x)) and m.weight not in L._PREPACKED
-    y.sum().backward()
-    assert m.weight.grad is not None
-    with torch.inference_mode():  # a drafter drafting: oneDNN with the weight prepacked
-        torch.testing.assert_close(m(x), ref(x), rtol=1e-5, atol=1e-5)
-    assert m.weight in L._PREPACKED
-
-
-def test_drafters_project_with_the_engines_linear():
-    from flexspec.spec.models.dflash_config import DFlashDraftConfig
-    from flexspec.spec.models.dflash_model import DFlashDraftModel
-
-    cfg = DFlashDraftConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        intermediate_size=64, block_size=4, mask_token_id=0, target_layer_ids=[0, 1], vocab_size=50,
-        max_position_embeddings=64,
-    )  # fmt: skip
-    linears = [m for m in DFlashDraftModel(cfg).modules() if isinstance(m, nn.Linear)]
-    assert len(linears) == 2 * 7 + 1 and all(type(m) is L.Linear for m in linears)  # q k v o gate up down, fc

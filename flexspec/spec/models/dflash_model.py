@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from flexspec.layers.attention import Attention, AttentionMetadata
-from flexspec.layers.linear import Linear
 from flexspec.layers.norm import RMSNorm
 from flexspec.layers.rotary import RotaryEmbedding
 from flexspec.models.spec import ModelSpec
@@ -63,9 +62,9 @@ class DFlashMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
-        self.gate_proj = Linear(hidden, intermediate, bias=False)
-        self.up_proj = Linear(hidden, intermediate, bias=False)
-        self.down_proj = Linear(intermediate, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -78,10 +77,10 @@ class DFlashAttention(nn.Module):
         super().__init__()
         H, D = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, D
-        self.q_proj = Linear(H, self.num_heads * D, bias=cfg.attention_bias)
-        self.k_proj = Linear(H, self.num_kv_heads * D, bias=cfg.attention_bias)
-        self.v_proj = Linear(H, self.num_kv_heads * D, bias=cfg.attention_bias)
-        self.o_proj = Linear(self.num_heads * D, H, bias=cfg.attention_bias)
+        self.q_proj = nn.Linear(H, self.num_heads * D, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(H, self.num_kv_heads * D, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(H, self.num_kv_heads * D, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * D, H, bias=cfg.attention_bias)
         self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
         self.rotary = rotary
@@ -190,7 +189,7 @@ class DFlashDraftModel(nn.Module):
             DFlashDecoderLayer(config, i, self.rotary) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(H, config.rms_norm_eps)
-        self.fc = Linear(len(config.target_layer_ids) * H, H, bias=False)
+        self.fc = nn.Linear(len(config.target_layer_ids) * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, config.rms_norm_eps)
         self.requires_grad_(True)
 

@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from flexspec.errors import ModelLoadError
-from flexspec.layers.linear import Linear
 from flexspec.models.spec import ModelSpec
 from flexspec.spec.models.checkpoint import config_field
 from flexspec.spec.models.dflash_config import DFlashDraftConfig
@@ -69,7 +68,7 @@ class LowRankMarkov(nn.Module):
     def __init__(self, vocab_size: int, rank: int) -> None:
         super().__init__()
         self.w1 = nn.Embedding(vocab_size, rank)  # weight [V, r]
-        self.w2 = Linear(rank, vocab_size, bias=False)  # weight [V, r]
+        self.w2 = nn.Linear(rank, vocab_size, bias=False)  # weight [V, r]
 
     def forward(self, prev: torch.Tensor) -> torch.Tensor:
         return self.w2(self.w1(prev))
@@ -82,7 +81,7 @@ class DSparkDraftModel(DFlashDraftModel):
     def __init__(self, config: DSparkDraftConfig, max_position: int | None = None) -> None:
         super().__init__(config, max_position)
         self.markov = LowRankMarkov(config.vocab_size, config.markov_rank)
-        self.confidence = Linear(config.hidden_size, 1)
+        self.confidence = nn.Linear(config.hidden_size, 1)
         self.requires_grad_(True)
 
     def markov_logits(self, prev_tokens: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,6 @@ from torch import nn
 
 from flexspec.errors import ModelLoadError
 from flexspec.layers.attention import Attention, AttentionMetadata
-from flexspec.layers.linear import Linear
 from flexspec.layers.norm import RMSNorm
 from flexspec.layers.rotary import RotaryEmbedding
 from flexspec.models.spec import ModelSpec
@@ -242,10 +241,10 @@ class Eagle3Attention(nn.Module):
         super().__init__()
         H, D = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, D
-        self.q_proj = Linear(2 * H, self.num_heads * D, bias=cfg.attention_bias)
-        self.k_proj = Linear(2 * H, self.num_kv_heads * D, bias=cfg.attention_bias)
-        self.v_proj = Linear(2 * H, self.num_kv_heads * D, bias=cfg.attention_bias)
-        self.o_proj = Linear(self.num_heads * D, H, bias=False)
+        self.q_proj = nn.Linear(2 * H, self.num_heads * D, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(2 * H, self.num_kv_heads * D, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(2 * H, self.num_kv_heads * D, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * D, H, bias=False)
         self.q_norm = RMSNorm(D, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(D, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary = rotary
@@ -293,11 +292,11 @@ class Eagle3DraftModel(nn.Module):
             config.rope_theta,
             config.rope_scaling,
         )
-        self.fc = Linear(len(config.target_layer_ids) * (config.target_hidden_size or H), H, bias=False)
+        self.fc = nn.Linear(len(config.target_layer_ids) * (config.target_hidden_size or H), H, bias=False)
         self.midlayer = Eagle3Layer(config, self.rotary)
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.lm_head = (
-            Linear(H, config.draft_vocab_size or config.vocab_size, bias=False)
+            nn.Linear(H, config.draft_vocab_size or config.vocab_size, bias=False)
             if config.own_lm_head
             else None
         )

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from flexspec.errors import ModelLoadError
-from flexspec.layers.linear import Linear
 from flexspec.models.llama import LlamaAttention, LlamaForCausalLM
 from flexspec.spec.models.checkpoint import config_field, read_config, read_tensors, save_checkpoint
 
@@ -73,8 +72,8 @@ class Calibration(nn.Module):
 
     def __init__(self, hidden_size: int, calibration_hidden_size: int) -> None:
         super().__init__()
-        self.fc1 = Linear(2 * hidden_size, calibration_hidden_size, bias=False)
-        self.fc2 = Linear(calibration_hidden_size, hidden_size, bias=False)
+        self.fc1 = nn.Linear(2 * hidden_size, calibration_hidden_size, bias=False)
+        self.fc2 = nn.Linear(calibration_hidden_size, hidden_size, bias=False)
 
     def forward(self, bonus_embed: torch.Tensor, h: torch.Tensor) -> torch.Tensor:  # [..., H] x2 -> [..., H]
         return self.fc2(F.silu(self.fc1(torch.cat([bonus_embed, h], dim=-1))))

@@ -33,7 +33,6 @@ from flexspec.distributed import TPGroup
 from flexspec.errors import ModelLoadError
 from flexspec.layers.attention import Attention, AttentionMetadata
 from flexspec.layers.embedding import ParallelLMHead
-from flexspec.layers.linear import Linear
 from flexspec.layers.norm import RMSNorm
 from flexspec.layers.rotary import RotaryEmbedding
 from flexspec.models.llama import LlamaDecoderLayer, LlamaForCausalLM
@@ -96,7 +95,7 @@ class MTPModule(nn.Module):
         self.kind = layout.kind
         self.enorm = RMSNorm(H, spec.rms_norm_eps)
         self.hnorm = RMSNorm(H, spec.rms_norm_eps)
-        self.eh_proj = Linear(2 * H, H, bias=False)
+        self.eh_proj = nn.Linear(2 * H, H, bias=False)
         rotary = RotaryEmbedding(spec.head_dim, max_position, spec.rope_theta, spec.rope_scaling)
         self.layers = nn.ModuleList(LlamaDecoderLayer(spec, tp, rotary) for _ in range(layout.num_layers))
         self.final_norm = RMSNorm(H, spec.rms_norm_eps)
