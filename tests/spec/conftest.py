@@ -29,17 +29,19 @@ def plain_128(engine, tmp_path_factory):
     from tests.conftest import real_prompts
 
     prompts = real_prompts(engine, n_each=7)
+
+    def decode() -> list[list[int]]:
+        return [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=128, temperature=0))]
+
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # the parent of a lone run's temp folder outlives the run
-        outs = engine.generate(prompts, SamplingParams(max_tokens=128, temperature=0))
-        return prompts, [o.token_ids for o in outs]
+        return prompts, decode()
     shared = tmp_path_factory.getbasetemp().parent / "plain_128.json"  # this run's, shared by its workers
     with FileLock(f"{shared}.lock"):
         if shared.is_file():
             saved = json.loads(shared.read_text())
             assert saved["prompts"] == prompts
             return prompts, saved["outputs"]
-        outs = engine.generate(prompts, SamplingParams(max_tokens=128, temperature=0))
-        ref = [o.token_ids for o in outs]
+        ref = decode()
         shared.write_text(json.dumps({"prompts": prompts, "outputs": ref}))
     return prompts, ref
 
