@@ -26,6 +26,30 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _listen_problem(host: str, port: int) -> str | None:
+    """Why a TCP server could not listen on ``host:port`` on this machine ("Address already in use", an
+    address not on this machine, a privileged port), or None if it can. With SO_REUSEADDR, as servers bind, so a
+    closed connection's TIME_WAIT does not count."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        return f"{host}: {e.strerror or e}"
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            why = e.strerror or str(e)
+            if e.errno == errno.EADDRINUSE:
+                return f"{host}:{port} is already in use ({why}); stop that server or pick another port"
+            return f"cannot listen on {host}:{port} ({why})"
+    return None
+
+
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., metavar="PROMPT", help="Prompt text (a user message when --chat)."),
@@ -152,8 +176,8 @@ def serve(
     ),
 ) -> None:
     """Serve the OpenAI API on Ray Serve from a config file; blocks until SIGTERM / Ctrl-C (exit code 128 +
-    signal: 143 / 130). Exit code 2: invalid config or --speculative-config (checked before Ray starts); 1: the
-    deployment failed or cannot be placed."""
+    signal: 143 / 130). Exit code 2: invalid config or --speculative-config, a model missing here, or a port this
+    machine cannot listen on (all checked before Ray starts); 1: the deployment failed or cannot be placed."""
     import os
     from pathlib import Path
 
@@ -185,6 +209,10 @@ def serve(
         problems = local_model_problems(parsed, speculative_field=spec_field)
         if problems:  # the file's fields are named after the file, the option's after itself
             _fail("; ".join(p if p.startswith("--") else f"{path}: {p}" for p in problems))
+        http = parsed.http_options  # the local cluster's proxy binds here: a taken port fails now, not in Ray
+        problem = _listen_problem(http.host, http.port)
+        if problem:
+            _fail(f"{'--port' if port is not None else f'{path}: http_options.port'}: {problem}")
     if api_key:
         os.environ["FLEXSPEC_API_KEY"] = api_key  # inherited by the local Ray cluster's workers
     code = serve_forever(

@@ -99,3 +99,31 @@ def test_flexspec_serve_fails_fast_when_no_node_can_hold_a_replica(tmp_path):
         "replica needs CPU 64 on one node; the best node lacks CPU 62"
     ) in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_flexspec_serve_fails_at_once_on_a_port_in_use(tmp_path):
+    """A taken port used to start Ray, then fail with Ray's traceback when the proxy could not bind."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = yaml.safe_load((ROOT / "configs" / "serve.yaml").read_text())
+        config["http_options"] = {"host": "127.0.0.1", "port": port}
+        path = tmp_path / "serve.yaml"
+        path.write_text(yaml.safe_dump(config))
+        runs = {
+            "--port": ["--config", "configs/serve.yaml", "--host", "127.0.0.1", "--port", str(port)],
+            f"{path}: http_options.port": ["--config", str(path)],
+        }
+        for field, args in runs.items():
+            t0 = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "flexspec.cli", "serve", *args], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+            assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+            assert time.monotonic() - t0 < 60  # no Ray cluster was started
+            assert proc.stderr.strip() == (
+                f"error: {field}: 127.0.0.1:{port} is already in use (Address already in use); stop that server "
+                "or pick another port"
+            ), proc.stderr
