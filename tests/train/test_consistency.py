@@ -113,3 +113,69 @@ def test_training_path_predicts_the_engine_drafts(method: str, tiny_target: str,
     assert len(set(drafts)) > 1, drafts  # the check below is not vacuous
     assert train_path_drafts(P) == drafts  # the bonus sits at position P
     assert train_path_drafts(P - 1) != drafts  # control: an off-by-one convention would be caught
+
+
+def test_shipped_dflash_teacher_forced_blocks_match_the_engine_at_every_output_position() -> None:
+    """The shipped DFlash drafter on the default model, through whole decodes: at every output position the
+    number of drafts the engine's verification accepted (``bench.acceptance_trace``: the real drafter, its
+    deferred context and KV cache, every position verified) equals the leading correct drafts of the training
+    path's teacher-forced block there (``block_forward`` over the target's features of the same tokens).
+    Exactness tests cannot catch a drafter that sees the wrong context (outputs stay exact, MAL drops); this
+    can. Session 28 (4 GSM8K prompts x 64 tokens): 245 of 248 positions equal, the rest near-ties of fp32
+    numerics between a cached decode and one full-sequence forward."""
+    from transformers import AutoTokenizer
+
+    from bench.acceptance_trace import collect
+    from bench.common import prompt_token_ids
+    from configs import EngineConfig, SamplingParams
+    from flexspec.engine.llm_engine import LLMEngine
+    from flexspec.models.loader import resolve_model_dir
+    from flexspec.train.data import Sample, collate
+    from flexspec.train.methods import get_method
+    from flexspec.train.methods.dflash import block_forward
+    from flexspec.train.target import FrozenTarget
+
+    target_id, drafter_id, n_tokens = "smollm2-135m-instruct", "smollm2-135m-instruct-dflash", 48
+    model_dir = str(resolve_model_dir(target_id))
+    engine = LLMEngine(
+        EngineConfig(
+            model=model_dir, device="cpu", max_model_len=1024, max_num_seqs=1, async_scheduling=False,
+            speculative_config={"method": "dflash", "model": drafter_id, "execution": "decoupled",
+                                "device_verification": False},
+        )
+    )  # fmt: skip
+    prompts = prompt_token_ids(AutoTokenizer.from_pretrained(model_dir), "gsm8k", 2, 1024)
+    outputs = [
+        o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=n_tokens, temperature=0))
+    ]
+    traces = collect(engine, prompts, n_tokens, batch_size=1)
+    engine.shutdown()
+    del engine
+
+    method = get_method(TrainConfig(method="dflash", target=target_id, output="unused", device="cpu"))
+    target = FrozenTarget(target_id, "cpu", max_len=1024)
+    model = method.load(resolve_model_dir(drafter_id), target).eval()
+    pairs: list[tuple[int, int]] = []  # (engine, training path) accepted drafts per verified position
+    with torch.no_grad():
+        for prompt, out, trace in zip(prompts, outputs, traces):
+            assert trace["num_output_tokens"] == len(out)
+            ids = [*prompt, *out]
+            batch = collate([Sample(ids, len(prompt))], [0], 0)
+            feats = target.hidden_states(batch, method.feature_layers(target.spec))
+            anchors = torch.arange(len(prompt), len(ids) - 1)[
+                None
+            ]  # bonus = output token L at len(prompt) + L
+            blocks = block_forward(model, batch, target, feats, 0, None, anchors=anchors)
+            K = blocks.valid.shape[-1]
+            correct = torch.zeros_like(blocks.valid)
+            correct[blocks.valid] = (
+                model.compute_logits(blocks.hidden, target.lm_head).argmax(-1) == blocks.labels
+            )
+            lead = (correct & blocks.valid).view(-1, K).long().cumprod(-1).sum(-1).tolist()
+            for L, accepted in enumerate(trace["accepted"]):  # the step emitting token L verified block L - 1
+                if accepted is not None and L >= 1:
+                    pairs.append((accepted, min(lead[L - 1], len(out) - L - 1)))
+    assert len(pairs) >= 80
+    assert sum(a > 0 for a, _ in pairs) >= len(pairs) // 3  # a trained drafter: not a vacuous all-zero match
+    equal = sum(a == b for a, b in pairs)
+    assert equal >= 0.95 * len(pairs), [(i, a, b) for i, (a, b) in enumerate(pairs) if a != b][:10]
