@@ -26,18 +26,17 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _listen_problem(host: str, port: int) -> str | None:
-    """Why a TCP server could not listen on ``host:port`` on this machine ("Address already in use", an
-    address not on this machine, a privileged port), or None if it can. With SO_REUSEADDR, as servers bind, so a
-    closed connection's TIME_WAIT does not count."""
+def _listen_problem(host: str, port: int) -> tuple[str, str] | None:
+    """Why a TCP server could not listen on ``host:port`` on this machine, as (the field at fault, "host" or
+    "port"; the reason): a port in use or privileged, a host that does not resolve or is not this machine's.
+    None if it can. Binds with SO_REUSEADDR, as servers do, so a closed connection's TIME_WAIT does not count."""
     import errno
     import socket
 
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except OSError as e:
-        return f"{host}: {e.strerror or e}"
-    family, _, _, _, addr = infos[0]
+        return "host", f"{host!r} does not resolve ({e.strerror or e})"
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -45,8 +44,12 @@ def _listen_problem(host: str, port: int) -> str | None:
         except OSError as e:
             why = e.strerror or str(e)
             if e.errno == errno.EADDRINUSE:
-                return f"{host}:{port} is already in use ({why}); stop that server or pick another port"
-            return f"cannot listen on {host}:{port} ({why})"
+                return (
+                    "port",
+                    f"{host}:{port} is already in use ({why}); stop that server or pick another port",
+                )
+            field = "port" if e.errno == errno.EACCES else "host"
+            return field, f"cannot listen on {host}:{port} ({why})"
     return None
 
 
@@ -212,7 +215,9 @@ def serve(
         http = parsed.http_options  # the local cluster's proxy binds here: a taken port fails now, not in Ray
         problem = _listen_problem(http.host, http.port)
         if problem:
-            _fail(f"{'--port' if port is not None else f'{path}: http_options.port'}: {problem}")
+            field, why = problem
+            given = host if field == "host" else port  # the option overrides the file's field
+            _fail(f"{f'--{field}' if given is not None else f'{path}: http_options.{field}'}: {why}")
     if api_key:
         os.environ["FLEXSPEC_API_KEY"] = api_key  # inherited by the local Ray cluster's workers
     code = serve_forever(

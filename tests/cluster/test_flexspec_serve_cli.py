@@ -102,7 +102,8 @@ def test_flexspec_serve_fails_fast_when_no_node_can_hold_a_replica(tmp_path):
 
 
 def test_flexspec_serve_fails_at_once_on_a_port_in_use(tmp_path):
-    """A taken port used to start Ray, then fail with Ray's traceback when the proxy could not bind."""
+    """A taken port used to start Ray, then fail with Ray's traceback when the proxy could not bind; a host
+    that is not this machine's is named as the host's fault."""
     import socket
 
     with socket.socket() as taken:
@@ -127,3 +128,9 @@ def test_flexspec_serve_fails_at_once_on_a_port_in_use(tmp_path):
                 f"error: {field}: 127.0.0.1:{port} is already in use (Address already in use); stop that server "
                 "or pick another port"
             ), proc.stderr
+
+        proc = subprocess.run([sys.executable, "-m", "flexspec.cli", "serve", "--config", "configs/serve.yaml",
+                               "--host", "no-such-host.invalid", "--port", str(port)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert proc.stderr.startswith("error: --host: 'no-such-host.invalid' does not resolve ("), proc.stderr
