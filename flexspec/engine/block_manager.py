@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 from flexspec.engine.sequence import Sequence
 
 
@@ -19,7 +17,9 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free_block_ids: deque[int] = deque(range(num_blocks - 1, -1, -1))  # top of the stack: the right
+        self.free_block_ids = list(
+            range(num_blocks - 1, -1, -1)
+        )  # a stack: its top (the end) is handed out first
 
     @property
     def num_free_blocks(self) -> int:
