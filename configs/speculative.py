@@ -33,6 +33,12 @@ class _SpecBase(BaseModel):
         "drafter supports it (DFlash, FlexDraft decoupled; one TP rank); false = verify on the host, then "
         "draft (the general path, for A/B checks).",
     )
+    fused_verification_graphs: bool = Field(
+        True,
+        description="On GPU, capture a device-side step's tail (acceptance test, drafter context and next "
+        "block) as one CUDA graph per (query length, batch size) where the drafter supports it (DFlash); "
+        "false = launch it eagerly (A/B checks).",
+    )
     separate_prefill_steps: bool = Field(
         False,
         description="While running requests have draft tokens to verify, prefill arriving prompts in steps "

@@ -146,6 +146,7 @@ class DecodeGraphs:
         query_len: int = 1,
         capture_layers: tuple[int, ...] = (),
         pool=None,  # a graph memory pool to share (``DecodeGraphs.pool`` of a larger capture)
+        capture: bool = True,  # False: ``run`` executes the same padded step eagerly (CPU tests of the layout)
     ) -> None:
         self.runner = runner
         self.q = query_len
@@ -185,7 +186,8 @@ class DecodeGraphs:
         self.logits: dict[int, torch.Tensor] = {}  # bs -> [bs*q, V]
         self.captured: dict[int, list[torch.Tensor]] = {}  # bs -> [bs*q, H] per capture layer
         self.pool = pool
-        self._capture()
+        if capture:
+            self._capture()
 
     def _meta(self, bs: int) -> AttentionMetadata:
         n = bs * self.q
@@ -229,17 +231,8 @@ class DecodeGraphs:
 
         With ``inp.prev_token_rows`` (async scheduling, q = 1) the input ids are gathered on the device from
         ``prev_tokens`` ([N'] int64, the previous step's sampled ids) after the staged copy."""
-        self.stage.wait_sent()
-        bs, direct = stage_decode_inputs(
-            self.stage, inp, self.q, self.batch_sizes, self.max_blocks, self.max_position
-        )
+        bs, direct = self.replay(inp, prev_tokens)
         S = len(inp.query_lens)
-        if inp.prev_token_rows is not None:
-            self.stage.host("prev_rows")[:S] = inp.prev_token_rows
-        self.stage.send()
-        if inp.prev_token_rows is not None:
-            torch.index_select(prev_tokens, 0, self.stage.on_device("prev_rows")[:S], out=self.input_ids[:S])
-        self.graphs[bs].replay()
         if direct:
             logits = self.logits[bs][:S]
         else:
@@ -252,6 +245,33 @@ class DecodeGraphs:
                 idx = self.stage.on_device("token_rows")[: inp.num_tokens]
                 captured = [c[idx] for c in self.captured[bs]]
         return logits, captured
+
+    def replay(self, inp: ModelInput, prev_tokens: torch.Tensor | None = None) -> tuple[int, bool]:
+        """Stage ``inp`` and replay (``run`` without reading the outputs): the results are in the padded layout
+        of ``stage_decode_inputs`` (sequence s owns rows ``s * q ..``), ``logits[bs]`` [bs*q, V] and
+        ``captured[bs]`` [bs*q, H] each, valid until the next replay. Returns (the graph's batch size bs,
+        whether the logits rows are the first S rows)."""
+        self.stage.wait_sent()
+        bs, direct = stage_decode_inputs(
+            self.stage, inp, self.q, self.batch_sizes, self.max_blocks, self.max_position
+        )
+        S = len(inp.query_lens)
+        if inp.prev_token_rows is not None:
+            self.stage.host("prev_rows")[:S] = inp.prev_token_rows
+        self.stage.send()
+        if inp.prev_token_rows is not None:
+            torch.index_select(prev_tokens, 0, self.stage.on_device("prev_rows")[:S], out=self.input_ids[:S])
+        if self.graphs:
+            self.graphs[bs].replay()
+        else:  # not captured: the same padded step, eagerly, into the same (per batch size) outputs
+            logits, captured = self._step(bs)
+            if bs in self.logits:
+                self.logits[bs].copy_(logits)
+                for buf, c in zip(self.captured[bs], captured):
+                    buf.copy_(c)
+            else:
+                self.logits[bs], self.captured[bs] = logits, captured
+        return bs, direct
 
 
 class BatchGraphs:

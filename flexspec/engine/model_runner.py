@@ -234,6 +234,7 @@ class ModelRunner:
             drafter.capture_graphs(sizes)
         except Exception as e:  # noqa: BLE001 - the drafter keeps drafting eagerly
             log.warning("drafter CUDA graphs not captured (%s: %s); drafting eagerly", type(e).__name__, e)
+        self.spec_worker.capture_fused(self.graphs)
 
     def mixed_graph_num_tokens(self) -> list[int]:
         """Token counts to capture as ``MixedGraphs``: ``cuda_graph_num_tokens`` below the step token budget,

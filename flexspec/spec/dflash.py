@@ -256,35 +256,9 @@ class DFlashDrafter(Drafter):
         ``propose``, fed from device tensors. Sequences whose drafter cache cannot hold the step's positions
         write nothing, read no context and keep 0 drafts."""
         dev, S = self.device, tokens.shape[0]
-        cache_tables, bs = self.cache.tables, self.cache.block_size
-        evictable: set[int] | None = None  # sequences outside the step, computed when blocks run short
-        ok: list[int] = []
-        tables: list[list[int]] = []
-        row0, r = [], 0
-        for sid, ctx, n in zip(inp.seq_ids, inp.context_lens, inp.query_lens):
-            table = cache_tables.get(sid)
-            # committed positions reach ctx + n - 1: most steps find them addressable already
-            if table is None or len(table) * bs < ctx + n:
-                if evictable is None and len(self.cache.free_blocks) * bs < ctx + n:
-                    evictable = set(cache_tables) - set(inp.seq_ids)
-                table = cache_tables[sid] if self.cache.reserve(sid, ctx + n, evictable) else None
-            ok.append(table is not None)
-            tables.append(table or [])
-            row0.append(r)
-            r += n
-        held: _Held = ([], [], [])  # positions left by plain steps: written with this step's context
-        if self._pending_from:
-            for sid, c, tbl in zip(inp.seq_ids, inp.context_lens, inp.block_tables):
-                self._take_pending(sid, c, tbl, held)
-            held = self._flush_if_large(held, captured)
-        width = max(len(t) for t in tables) or 1
-        host = torch.tensor(
-            [[c, n, r0, o, d, int(e), *t, *[0] * (width - len(t))]
-             for c, n, r0, o, d, e, t in zip(inp.context_lens, inp.query_lens, row0, ok, inp.num_draft_tokens,
-                                             inp.samples, tables)],
-            dtype=torch.int64,
-        )  # fmt: skip
-        meta = host.to(dev, non_blocking=True)  # [S, 6 + W]
+        host, held = self.plan_device_step(inp)
+        held = self._flush_if_large(held, captured)
+        meta = torch.tensor(host, dtype=torch.int64).to(dev, non_blocking=True)  # [S, 6 + W]
         ctx, n, first_row, ready_t = meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] > 0
         num_drafts, emits, table = meta[:, 4], meta[:, 5] > 0, meta[:, 6:]
         committed = n - num_drafts + accepted  # [S] the query less its rejected drafts
@@ -312,6 +286,73 @@ class DFlashDrafter(Drafter):
         else:
             drafts, keep = self._greedy_block(bonus, ctx_lens, tables_t)
         return drafts, torch.where(drafting, keep, 0)
+
+    def plan_device_step(self, inp, width: int | None = None) -> tuple[list[list[int]], _Held]:
+        """The host part of a device-side step: reserve each sequence's drafter cache for the step's committed
+        positions and take its positions left by plain steps (``defer_context``). Returns per sequence
+        ``[context_len, query_len, first row, cache ready, num drafts, emits, *drafter block table]`` (tables
+        padded with 0 to ``width``, or to the longest) and the held positions (not flushed)."""
+        cache_tables, bs = self.cache.tables, self.cache.block_size
+        evictable: set[int] | None = None  # sequences outside the step, computed when blocks run short
+        rows: list[list[int]] = []
+        r = 0
+        for sid, ctx, n, d, e in zip(
+            inp.seq_ids, inp.context_lens, inp.query_lens, inp.num_draft_tokens, inp.samples
+        ):
+            table = cache_tables.get(sid)
+            # committed positions reach ctx + n - 1: most steps find them addressable already
+            if table is None or len(table) * bs < ctx + n:
+                if evictable is None and len(self.cache.free_blocks) * bs < ctx + n:
+                    evictable = set(cache_tables) - set(inp.seq_ids)
+                table = cache_tables[sid] if self.cache.reserve(sid, ctx + n, evictable) else None
+            rows.append([ctx, n, r, int(table is not None), d, int(e), *(table or [])])
+            r += n
+        held: _Held = ([], [], [])  # positions left by plain steps: written with this step's context
+        if self._pending_from:
+            for sid, c, tbl in zip(inp.seq_ids, inp.context_lens, inp.block_tables):
+                self._take_pending(sid, c, tbl, held)
+        W = 6 + (width if width is not None else max(len(row) - 6 for row in rows) or 1)
+        for row in rows:
+            row.extend([0] * (W - len(row)))
+        return rows, held
+
+    def write_held_context(self, held: _Held) -> None:
+        """Write ``held`` (``plan_device_step``) on its own: context steps from the feature cache."""
+        if held[0]:
+            held = self._flush_if_large(held, [])
+            self._write_context([], [], [], [], held)
+
+    def fused_tail(
+        self, meta: torch.Tensor, tokens: torch.Tensor, accepted: torch.Tensor, captured: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``propose_on_device``'s device part for a decode graph's padded layout, captured in one CUDA graph
+        with the worker's acceptance test (``FusedVerifyGraphs``): S sequences of q rows each (rows
+        ``s * q ..``), every one a decode query ``[last token, drafts...]`` that emits, no held positions.
+
+        meta [S, 6 + W] int64 (``plan_device_step``'s rows; dummy sequences all 0), tokens [S, q] int64,
+        accepted [S] int64, captured ``capture_layers`` outputs [S * q, H] each -> (drafts [S, D] int64, drafts
+        worth verifying [S] int64). Sync-free."""
+        S, q = tokens.shape
+        ctx, n, ready_t = meta[:, 0], meta[:, 1], meta[:, 3] > 0
+        num_drafts, emits, table = meta[:, 4], meta[:, 5] > 0, meta[:, 6:]
+        committed = n - num_drafts + accepted  # [S]
+        rows = torch.full_like(n, q)  # each sequence owns q rows; those past `committed` are not written
+        first_row = torch.arange(S, device=meta.device) * q
+        feats, pos, slots = self._context_rows(
+            captured, S * q, ctx, rows, first_row, committed, ready_t, table
+        )
+        self.model.store_context(feats, pos, slots)
+        bonus = tokens.gather(1, accepted[:, None]).squeeze(1)  # [S]
+        drafting = ready_t & emits
+        ctx_lens = torch.where(drafting, ctx + committed, 0).to(torch.int32)
+        drafts, keep = self._greedy_block(bonus, ctx_lens, table.to(torch.int32))
+        return drafts, torch.where(drafting, keep, 0)
+
+    @property
+    def fused_table_width(self) -> int:
+        """Drafter block-table columns of ``fused_tail``'s meta rows."""
+        cfg = self.runner.config
+        return -(-cfg.max_model_len // cfg.kv_block_size)
 
     def _context_rows(self, captured, num_tokens, ctx, n, first_row, committed, ready, table):
         """Context rows of a step, one per input token (T = ``num_tokens``, in input order): sequence s's query

@@ -8,6 +8,7 @@ rank's drafter sees the same accepted tokens; device-side verification steps (on
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -17,11 +18,14 @@ import torch
 from flexspec.engine.model_input import PLACEHOLDER_TOKEN_ID, ModelInput, ModelOutput
 from flexspec.engine.sampler import SamplingMetadata, sample
 from flexspec.spec.base import DraftProposal, SeqDraftInput
+from flexspec.spec.fused_step import FusedVerifyGraphs
 from flexspec.spec.registry import build_drafter
 from flexspec.spec.verifier import accept_deterministic_drafts, verify
 
 if TYPE_CHECKING:
     from flexspec.engine.model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,6 +62,8 @@ class SpecDecodeWorker:
         self.config = config
         self.drafter = build_drafter(config, runner)
         self.device_verification: bool = getattr(config, "device_verification", True)
+        # decode-graph query length -> the captured tail of its device-side steps (``capture_fused``)
+        self.fused: dict[int, FusedVerifyGraphs] = {}
         self._readback: torch.Tensor | None = None  # pinned host buffer of a launched step's result
         self.history: dict[int, list[int]] = {}  # seq id -> committed token ids (see token_source)
         # In one process with the engine (TP=1), its token list of a sequence by seq id (None once unknown):
@@ -163,6 +169,9 @@ class SpecDecodeWorker:
         self._forget(inp.finished_seq_ids)
         inp.capture_layers = self.drafter.capture_layers
         side = self.drafter.begin_step(inp)
+        fused = self._fused_for(inp) if side is None else None
+        if fused is not None:
+            return self._collect(self._launch_fused(inp, *fused))
         logits, captured = runner.forward(inp, side=side)
         if side is None and self._runs_on_device(inp):
             return self._collect(self._launch_on_device(inp, logits, captured))
@@ -234,8 +243,71 @@ class SpecDecodeWorker:
         inp.capture_layers = self.drafter.capture_layers
         side = self.drafter.begin_step(inp)
         assert side is None, "a launched verification step carries no side stream"
+        fused = self._fused_for(inp)
+        if fused is not None:
+            return self._launch_fused(inp, *fused)
         logits, captured = self.runner.forward(inp)
         return self._launch_on_device(inp, logits, captured)
+
+    def capture_fused(self, graphs: list, capture: bool = True) -> None:
+        """Build the captured tails of device-side steps (``FusedVerifyGraphs``) for the runner's decode graphs
+        that capture the drafter's layers, when the drafter has one (``fused_tail``) and the config allows it.
+        A tail that fails to capture leaves that query length on the eager device-side path.
+        ``capture=False`` builds them uncaptured (eager replays of the same tail: CPU tests)."""
+        if not (
+            getattr(self.config, "fused_verification_graphs", True)
+            and self.device_verification
+            and self.drafter.proposes_on_device
+            and hasattr(self.drafter, "fused_tail")
+            and self.runner.tp.size == 1
+        ):
+            return
+        pool = graphs[0].pool if graphs else None  # replayed one after another: one pool
+        layers = tuple(self.drafter.capture_layers)
+        for decode in sorted(graphs, key=lambda g: -g.q):  # largest first: one pool
+            if decode.capture_layers != layers:
+                continue
+            try:
+                tail = FusedVerifyGraphs(decode, self.drafter, pool=pool, capture=capture)
+            except Exception as e:  # noqa: BLE001 - the eager device-side path stays correct
+                log.warning("fused verification graphs (query length %d) not captured (%s)", decode.q, e)
+                continue
+            pool = tail.pool
+            self.fused[decode.q] = tail
+
+    def _fused_for(self, inp: ModelInput):
+        """(decode graphs, fused tail) for a device-side step that fits them, else None: every sequence a decode
+        query ``[last token, drafts...]`` that emits, all rows greedy, no logprobs, drafts proposed, and the
+        decode graph the runner would replay (the first that fits) has a captured tail."""
+        if not self.fused or inp.num_speculative_tokens == 0 or inp.spec_mode == "parallel":
+            return None
+        if inp.num_logprobs is not None or inp.prev_token_rows is not None:
+            return None
+        if not self._runs_on_device(inp) or not all(inp.samples):
+            return None
+        if len(inp.logits_indices) != inp.num_tokens or any(
+            q != d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens)
+        ):
+            return None
+        if any(row[0] != 0.0 for row in inp.sampling_rows):
+            return None
+        decode = next((g for g in self.runner.graphs if g.can_run(inp)), None)
+        tail = self.fused.get(decode.q) if decode is not None else None
+        if tail is None or tail.decode is not decode or not tail.can_run(inp):
+            return None
+        return decode, tail
+
+    def _launch_fused(self, inp: ModelInput, decode, tail: FusedVerifyGraphs) -> PendingSpecStep:
+        """A device-side step as two graph replays (``FusedVerifyGraphs``): the target's verification forward,
+        then the acceptance test + drafter tail. Same result as ``_launch_on_device``."""
+        if 0 in inp.context_lens:  # as _launch_on_device: a recomputed prompt's drafter state starts over
+            self._forget([sid for sid, c in zip(inp.seq_ids, inp.context_lens) if self._recomputed(sid, c)])
+        drafter = self.drafter
+        meta_rows, held = drafter.plan_device_step(inp, width=drafter.fused_table_width)
+        drafter.write_held_context(held)  # positions left by plain steps, from the feature cache
+        bs, _ = decode.replay(inp)
+        packed = tail.run(inp, bs, meta_rows)  # [S, q + 2 + D]
+        return self._read_back(inp, packed, decode.logits[bs], [], decode.q - 1)
 
     def _launch_on_device(
         self, inp: ModelInput, logits: torch.Tensor, captured: list[torch.Tensor]
@@ -267,8 +339,15 @@ class SpecDecodeWorker:
         tokens, accepted = accept_deterministic_drafts(target, starts_t, num_drafts_t, drafts_t)
         next_drafts, keep = self.drafter.propose_on_device(inp, tokens, accepted, captured)
         packed = torch.cat([tokens, accepted[:, None], next_drafts, keep[:, None]], 1)  # [S, K + D + 3]
+        starts = [r for r, emits in zip(starts, inp.samples) if emits]
+        return self._read_back(inp, packed, logits, starts, K)
+
+    def _read_back(
+        self, inp: ModelInput, packed: torch.Tensor, logits: torch.Tensor, starts: list[int], K: int
+    ) -> PendingSpecStep:
+        """Copy a device-side step's packed result [S, K + D + 3] to pinned host memory behind an event."""
         n = packed.numel()
-        cuda = runner.device.type == "cuda"
+        cuda = self.runner.device.type == "cuda"
         if self._readback is None or self._readback.numel() < n:
             self._readback = torch.empty(max(n, 4096), dtype=torch.int64, pin_memory=cuda)
         rows_host = self._readback[:n].view(packed.shape)
@@ -277,7 +356,6 @@ class SpecDecodeWorker:
         if cuda:
             event = torch.cuda.Event()
             event.record()
-        starts = [r for r, emits in zip(starts, inp.samples) if emits]
         return PendingSpecStep(inp, rows_host, event, logits, starts, K)
 
     def collect(self, pending: PendingSpecStep) -> ModelOutput:

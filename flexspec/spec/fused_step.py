@@ -1,0 +1,99 @@
+"""A device-side verification step's tail as one CUDA graph: acceptance test, drafter context, next block.
+
+After the target's verification forward (a ``DecodeGraphs`` replay), a decoupled DFlash step ran ~55 small
+eager launches: the logits / hidden-state gathers, greedy sampling, the acceptance test, the drafter context
+rows and the packing of the result (H100, session 29, ``torch.profiler``: 55 ``cudaLaunchKernel`` + 3 graph
+launches per batch-1 step, the GPU idle between them while the host launched the next). With every sequence a
+decode query in the decode graph's padded layout (sequence s owns rows ``s * q .. s * q + q - 1``) the tail
+has a fixed shape per (q, batch size) and is captured here, reading the decode graph's static outputs in
+place: the step becomes two graph replays, one staged input copy and the readback.
+
+Same results as the eager device-side path (``SpecDecodeWorker._launch_on_device``): target tokens by argmax
+(all-greedy steps only), drafts accepted iff equal to them (``accept_deterministic_drafts``), the drafter's
+``fused_tail`` for context and block. Vocabulary as vLLM's "full CUDA graph" mode for speculative decoding
+(vllm/v1/worker/gpu_model_runner.py), where sampling and the drafter stay outside the target's graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flexspec.engine.cuda_graphs import DecodeGraphs, StagedInputs, capture_graphs
+from flexspec.engine.model_input import ModelInput
+from flexspec.spec.verifier import accept_deterministic_drafts
+from flexspec_kernels.argmax import argmax
+
+
+class FusedVerifyGraphs:
+    """The tail of a device-side verification step, per batch size, for one ``DecodeGraphs`` (query length q).
+
+    Per step the host stages one int64 row per sequence: the drafter's meta row (``plan_device_step``, width
+    6 + W) then the sequence's q - 1 drafts (0-padded); dummy sequences up to the graph's batch size are all
+    0 (context 0, cache not ready: nothing written, nothing drafted).
+
+    Args:
+        decode: the target's decode graphs whose static outputs the tail reads (``decode.q`` rows per sequence).
+        drafter: a DFlash-family drafter (``fused_tail``, ``fused_table_width``, ``capture_layers``).
+        pool: a graph memory pool to share.
+        capture: capture CUDA graphs (False: ``run`` executes the same tail eagerly; CPU tests).
+
+    Raises:
+        RuntimeError: from capture when the tail cannot be captured (the worker keeps the eager path).
+    """
+
+    def __init__(self, decode: DecodeGraphs, drafter, pool=None, capture: bool = True) -> None:
+        self.decode = decode
+        self.drafter = drafter
+        self.q = decode.q
+        self.batch_sizes = decode.batch_sizes
+        self.width = 6 + drafter.fused_table_width + (self.q - 1)  # int64 columns per staged row
+        self.meta_width = 6 + drafter.fused_table_width
+        max_bs = self.batch_sizes[-1]
+        self.stage = StagedInputs({"rows": max_bs * self.width}, decode.runner.device)
+        self.stage.send()  # all 0: dummy rows
+        self.outputs: dict[int, torch.Tensor] = {}  # bs -> packed [bs, q + 1 + D + 1] int64
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = pool
+        for bs in self.batch_sizes:  # host-built constants (packed block masks) exist before capture
+            drafter._block_masks(bs)
+        if capture:
+            self.graphs, self.outputs, self.pool = capture_graphs(self.batch_sizes, self._step, pool)
+
+    def _step(self, bs: int) -> torch.Tensor:
+        """What the graph of batch size ``bs`` runs: argmax of the verification logits, the acceptance test,
+        the drafter's tail, packed as ``[tokens (q), accepted, drafts (D), keep]`` per sequence."""
+        q = self.q
+        rows = self.stage.on_device("rows")[: bs * self.width].view(bs, self.width)
+        meta, drafts = rows[:, : self.meta_width], rows[:, self.meta_width :]
+        target = argmax(self.decode.logits[bs])  # [bs * q]
+        starts = torch.arange(bs, device=rows.device) * q
+        tokens, accepted = accept_deterministic_drafts(target, starts, meta[:, 4], drafts)  # [bs, q], [bs]
+        next_drafts, keep = self.drafter.fused_tail(meta, tokens, accepted, self.decode.captured[bs])
+        return torch.cat([tokens, accepted[:, None], next_drafts, keep[:, None]], 1)
+
+    def can_run(self, inp: ModelInput) -> bool:
+        """Whether ``inp``'s batch fits (the decode graph's ``can_run`` checks the rest)."""
+        return len(inp.query_lens) <= self.batch_sizes[-1]
+
+    def run(self, inp: ModelInput, bs: int, meta_rows: list[list[int]]) -> torch.Tensor:
+        """Stage ``meta_rows`` (``plan_device_step`` with width ``fused_table_width``) and ``inp``'s drafts,
+        then replay the tail of batch size ``bs`` (the one the decode graph just replayed). Returns the packed
+        result's first S rows [S, q + 2 + D] (a static buffer: valid until the next ``run``)."""
+        S = len(inp.query_lens)
+        self.stage.wait_sent()
+        host = self.stage.host("rows").reshape(-1, self.width)
+        host[:S, : self.meta_width] = meta_rows  # tables fit: the drafter reserves at most max_model_len
+        host[:S, self.meta_width :] = 0
+        r = 0
+        for s, (n, d) in enumerate(zip(inp.query_lens, inp.num_draft_tokens)):
+            if d:
+                host[s, self.meta_width : self.meta_width + d] = inp.input_ids[r + n - d : r + n]
+            r += n
+        host[S:bs] = 0
+        self.stage.send()
+        if self.graphs:
+            self.graphs[bs].replay()
+            out = self.outputs[bs]
+        else:
+            out = self._step(bs)
+        return out[:S]
