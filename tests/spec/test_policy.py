@@ -12,6 +12,7 @@ from flexspec.engine.scheduler import SchedulerOutput
 from flexspec.spec.policy import (
     EMA,
     MIN_PRIOR_VERIFICATIONS,
+    PROBE_BUDGET,
     PROBE_STEPS,
     REEXPLORE_EVERY,
     REEXPLORE_MAX,
@@ -135,18 +136,20 @@ def test_only_steady_state_steps_are_timed():
 
 
 def test_a_pessimistic_estimate_is_probed_again():
-    """Decoupled looked bad once (0.6 of plain): it is still re-measured, for PROBE_STEPS steps in a row, and
-    wins once its real time shows."""
+    """Decoupled looked bad once (0.65 of plain): it is still re-measured, for PROBE_STEPS steps in a row, and
+    wins once its real time shows. The probe waits until it costs at most PROBE_BUDGET of the throughput: its
+    3 steps of 3.0 emit 1 + 2 x 1.95 tokens where plain emits 9, 4.1 s lost, so after ~410 plain steps."""
     pol = _policy(execution="auto")
     times = {"plain": 1.0, "decoupled": 3.0, "parallel": 50.0}
     _train(pol, 4, times, [0.5, 0.3, 0.1, 0.05])  # decoupled: 1.95 / 3.0 = 0.65 of plain
     times["decoupled"] = 1.2  # the real steady-state cost: 1.95 / 1.2 beats plain
     modes = []
-    for _ in range(400):
+    for _ in range(800):
         d = pol.decide(_sched(4))
         modes.append(d.mode)
         pol.observe(d.mode, 4, times[d.mode], [0.5, 0.3, 0.1, 0.05] if d.mode != "plain" else None)
     first = modes.index("decoupled")
+    assert 4.1 / PROBE_BUDGET - 20 <= first <= 4.1 / PROBE_BUDGET  # (less the warm-up decisions counted)
     assert modes[first + 1] == "decoupled"  # a probe is two steps: the first is a switch step
     assert modes[-100:].count("decoupled") > 90
     assert "parallel" not in modes  # 50x slower: never probed
@@ -154,7 +157,9 @@ def test_a_pessimistic_estimate_is_probed_again():
 
 def test_probes_of_a_runner_up_that_keeps_losing_back_off():
     """The runner-up's re-measurements come after 64, then 128, 256, ... decisions of the bucket (up to
-    REEXPLORE_MAX); one that measures far from its estimate starts the back-off over."""
+    REEXPLORE_MAX), and never more often than PROBE_BUDGET allows: here a probe loses 2.6 s (3 steps of 2.5 s
+    emit 1 + 2 x 1.95 tokens where plain emits 7.5), so at least 260 decisions apart. One that measures far
+    from its estimate starts the back-off over."""
     pol = _policy(execution="auto")
     times = {"plain": 1.0, "decoupled": 2.5, "parallel": 50.0}
     _train(
@@ -168,7 +173,7 @@ def test_probes_of_a_runner_up_that_keeps_losing_back_off():
     starts = [i for i, m in enumerate(modes) if m == "decoupled" and (i == 0 or modes[i - 1] != "decoupled")]
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert all(modes[i + 1] == "decoupled" for i in starts)  # each probe: PROBE_STEPS steps
-    assert gaps[:3] == [128, 256, 512] and max(gaps) == REEXPLORE_MAX  # (every 64 before: 62 probes)
+    assert gaps[:3] == [260, 260, 512] and max(gaps) == REEXPLORE_MAX  # (every 64 before: 62 probes)
     assert len(starts) == 6  # in 4000 decisions
     times["decoupled"] = 1.2  # conditions changed: the next probe measures 1.2 against an estimate of 2.5
     for _ in range(1200):
