@@ -44,7 +44,7 @@ class _SpecBase(BaseModel):
         description="While running requests have draft tokens to verify, prefill arriving prompts in steps "
         "of their own (those requests wait one step) instead of next to the verification queries, so every "
         "verification step stays a pure decode step (device-side verification, decode CUDA graphs); false = "
-        "mix them in one step (verified on the host).",
+        "mix them in one step (verified on the device too, outside the decode CUDA graphs).",
     )
 
     @model_validator(mode="after")

@@ -6,7 +6,7 @@ rows and the packing of the result (H100, session 29, ``torch.profiler``: 55 ``c
 launches per batch-1 step, the GPU idle between them while the host launched the next). With every sequence a
 decode query in the decode graph's padded layout (sequence s owns rows ``s * q .. s * q + q - 1``) the tail
 has a fixed shape per (q, batch size) and is captured here, reading the decode graph's static outputs in
-place: the step becomes two graph replays, one staged input copy and the readback.
+place: the step becomes two graph replays, two staged input copies (one per graph) and the readback.
 
 Same results as the eager device-side path (``SpecDecodeWorker._launch_on_device``): target tokens by argmax
 (all-greedy steps only), drafts accepted iff equal to them (``accept_deterministic_drafts``), the drafter's

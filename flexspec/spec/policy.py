@@ -61,8 +61,9 @@ Step times:
   1: probes every 64 steps were most of the 5% of speculative steps FlexDraft ``auto`` took on MT-Bench, and
   cost it ~3% of plain decoding's throughput); a probe that measures far from the estimate
   (``PROBE_SURPRISE``) restarts the back-off; and probes are spaced so that their expected cost stays within
-  ``PROBE_BUDGET`` of the bucket's throughput (``_probe_gap``: a losing speculative mode at batch 64, whose
-  step costs ~3 plain steps, is probed ~4x less often than the back-off alone would; a near-tie as before;
+  ``PROBE_BUDGET`` of the bucket's throughput (``_probe_gap``; H100, b=64, plain 1.13 ms and decoupled DFlash
+  3.25 ms per step: at MT-Bench's MAL 1.95 a probe loses 4.2 ms, so probes come >= 373 decisions apart instead of
+  64; at GSM8K's 3.24, a near-tie, 1.3 ms and >= 115 apart;
   ``bench.policy_replay`` on H100 step times, 4 seeds: mean ``auto`` / best at b=64 0.949 -> 0.955 on GSM8K,
   0.974 -> 0.980 on MT-Bench, 0.984 -> 0.995 on HumanEval);
 * an estimate is stale once its mode went ``STALE_AFTER`` decisions without a new step time; a stale estimate
@@ -274,9 +275,9 @@ class SpeculationPolicy:
         (time T = P t_r) emits E tokens per sequence where the best mode would have emitted T / t_b * m_b; the
         time lost, (T - E t_b / m_b), over the gap's g steps of the best mode (g t_b) must stay within the
         budget. A speculative probe from plain decoding emits 1 + (P - 1) m (its first step has no drafts to
-        verify); a plain probe P tokens. At batch 64 a decoupled step costs ~3 plain steps on the H100
-        (session 29), so a probe of a losing speculative mode cost ~2.5% of a bucket's throughput every 64
-        steps (before the back-off grew) while a near-tie costs little and is probed as often as before."""
+        verify; from another speculative mode P m); a plain probe P tokens. H100, b=64 (session 29): plain
+        1.13 ms, decoupled DFlash 3.25 ms per step; at MT-Bench's MAL 1.95 a probe every 64 decisions cost
+        ~5.8% of the bucket's throughput (now >= 373 decisions apart), at GSM8K's 3.24 ~1.8% (>= 115 apart)."""
         t_b, t_r = self.step_time(best, bucket), self.step_time(runner_up, bucket)
         if PROBE_BUDGET <= 0 or not t_b or not t_r:
             return 0.0
@@ -285,7 +286,8 @@ class SpeculationPolicy:
             steps, emitted = PROBE_STEPS, float(PROBE_STEPS)
         else:
             steps = 1 + PROBE_VERIFICATIONS
-            emitted = 1.0 + PROBE_VERIFICATIONS * spec_tokens
+            first = 1.0 if best == "plain" else spec_tokens  # entered from plain: no drafts to verify yet
+            emitted = first + PROBE_VERIFICATIONS * spec_tokens
         lost = steps * t_r - emitted * t_b / m_b
         return max(lost, 0.0) / (PROBE_BUDGET * t_b)
 

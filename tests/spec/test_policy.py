@@ -136,7 +136,7 @@ def test_only_steady_state_steps_are_timed():
 
 
 def test_a_pessimistic_estimate_is_probed_again():
-    """Decoupled looked bad once (0.65 of plain): it is still re-measured, for PROBE_STEPS steps in a row, and
+    """Decoupled looked bad once (0.65 of plain): it is still re-measured, for its probe's steps in a row, and
     wins once its real time shows. The probe waits until it costs at most PROBE_BUDGET of the throughput: its
     3 steps of 3.0 emit 1 + 2 x 1.95 tokens where plain emits 9, 4.1 s lost, so after ~410 plain steps."""
     pol = _policy(execution="auto")
