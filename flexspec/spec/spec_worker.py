@@ -223,11 +223,7 @@ class SpecDecodeWorker:
             and not (self.pending_probs and any(sid in self.pending_probs for sid in inp.seq_ids))
         ):
             return False
-        if (
-            all(inp.samples)
-            and len(inp.logits_indices) == inp.num_tokens
-            and all(q == d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens))
-        ):
+        if _decode_queries_only(inp):
             return True
         return inp.spec_mode != "parallel" and _mixed_layout(inp)
 
@@ -283,11 +279,7 @@ class SpecDecodeWorker:
             return None
         if inp.num_logprobs is not None or inp.prev_token_rows is not None:
             return None
-        if not self._runs_on_device(inp) or not all(inp.samples):
-            return None
-        if len(inp.logits_indices) != inp.num_tokens or any(
-            q != d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens)
-        ):
+        if not _decode_queries_only(inp) or not self._runs_on_device(inp):
             return None
         if any(row[0] != 0.0 for row in inp.sampling_rows):
             return None
@@ -438,6 +430,16 @@ class SpecDecodeWorker:
                 )
             )
         return batch
+
+
+def _decode_queries_only(inp: ModelInput) -> bool:
+    """Every sequence an emitting query ``[last token, drafts...]`` (no drafts: the first step of speculation)
+    with logits on every row (checked first: no per-token work)."""
+    return (
+        all(inp.samples)
+        and len(inp.logits_indices) == inp.num_tokens
+        and all(q == d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens))
+    )
 
 
 def _mixed_layout(inp: ModelInput) -> bool:

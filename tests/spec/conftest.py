@@ -11,6 +11,15 @@ import pytest
 from configs import EngineConfig
 from flexspec.engine.llm_engine import LLMEngine
 
+# Raw (no chat template) prompts of the GPU spec tests: a word problem, code, prose, an explanation, a list.
+RAW_PROMPTS = [
+    "Natalia sold clips to 48 of her friends in April, and half as many in May. How many in all?",
+    "def fibonacci(n):",
+    "Write a short poem about the sea.",
+    "Explain in two sentences why the sky is blue.",
+    "List three prime numbers greater than 50 and explain how you checked them.",
+]
+
 
 def spec_engine(speculative_config: dict, **overrides) -> LLMEngine:
     args = {"max_model_len": 1024, "device": "cpu", "speculative_config": speculative_config}

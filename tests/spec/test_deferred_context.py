@@ -11,7 +11,7 @@ import torch
 from configs import SamplingParams
 from flexspec.models.features import FeatureCache
 from flexspec.spec.policy import Decision
-from tests.spec.conftest import spec_engine
+from tests.spec.conftest import RAW_PROMPTS, spec_engine
 
 pytestmark = pytest.mark.slow  # among the longest modules: scheduled first
 
@@ -92,13 +92,7 @@ def test_deferred_context_on_gpu_drafts_like_writing_it_every_step():
     """On the GPU the feature cache is written inside the decode / mixed-step CUDA graphs; in fp32 the drafts of
     the deferred context match writing it every step (batched projections may round a near-tie differently:
     the accepted counts may differ by a few), and the output is the target's either way."""
-    prompts = [
-        "Natalia sold clips to 48 of her friends in April, and half as many in May. How many in all?",
-        "def fibonacci(n):",
-        "Write a short poem about the sea.",
-        "Explain in two sentences why the sky is blue.",
-        "List three prime numbers greater than 50 and explain how you checked them.",
-    ]
+    prompts = RAW_PROMPTS
     outs, counts = [], []
     for defer in (True, False):
         eng = spec_engine(

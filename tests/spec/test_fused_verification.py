@@ -13,7 +13,7 @@ from flexspec.engine.cuda_graphs import DecodeGraphs
 from flexspec.engine.model_runner import verification_query_lens
 from flexspec.spec.metrics import SpecDecodingMetrics
 from flexspec.spec.policy import Decision
-from tests.spec.conftest import on_worker_outputs, spec_engine
+from tests.spec.conftest import RAW_PROMPTS, on_worker_outputs, spec_engine
 
 pytestmark = pytest.mark.slow
 
@@ -117,13 +117,7 @@ def test_captured_fused_tail_on_gpu_matches_the_eager_device_side_step():
     """On the GPU (fp32) the tails are captured: a batch of 5 (graphs of batch size 8) and a batch of 1 emit
     the eager device-side path's tokens; drafts may differ where a differently batched projection rounds a
     near-tie otherwise, so accepted counts agree within 2%."""
-    prompts = [
-        "Natalia sold clips to 48 of her friends in April, and half as many in May. How many in all?",
-        "def fibonacci(n):",
-        "Write a short poem about the sea.",
-        "Explain in two sentences why the sky is blue.",
-        "List three prime numbers greater than 50 and explain how you checked them.",
-    ]
+    prompts = RAW_PROMPTS
     eng = spec_engine(
         {**DFLASH, "execution": "decoupled"}, device="cuda", dtype="float32", max_num_seqs=8,
         speculation_profile_steps=0,
