@@ -36,6 +36,9 @@ class StepRecord:
     num_seqs: int = 0
     num_tokens: int = 0
     decode: bool = False  # every sequence decodes (1 token, or bonus + drafts); no prefill chunk
+    mode: str = "plain"  # the policy's decision for the step ("plain" | "decoupled" | "parallel")
+    launched: bool = False  # enqueued by ``launch`` (collected later) rather than run by ``execute``
+    ahead: bool = False  # launched before the previous step was collected (async scheduling)
 
 
 class StepTimers:
@@ -51,6 +54,7 @@ class StepTimers:
         self.steps: list[StepRecord] = []
         self.current: StepRecord | None = None
         self.last_decode_input: Any = None
+        self._outstanding = 0  # launched steps not collected yet
         executor = engine.executor
         self._orig_execute = executor.execute
         executor.execute = self._execute
@@ -82,9 +86,13 @@ class StepTimers:
 
     def _launch(self, inp: Any) -> Any:
         self._describe(inp)
+        if self.current is not None:
+            self.current.launched, self.current.ahead = True, self._outstanding > 0
+        self._outstanding += 1
         return self._timed(self._orig_launch, inp)
 
     def _collect(self, pending: Any) -> Any:
+        self._outstanding -= 1
         return self._timed(self._orig_collect, pending)
 
     def _execute(self, inp: Any) -> Any:
@@ -95,6 +103,8 @@ class StepTimers:
         rec = self.current if self.current is not None else StepRecord()
         rec.num_seqs = len(inp.query_lens)
         rec.num_tokens = inp.num_tokens
+        rec.mode = inp.spec_mode if getattr(self.engine, "policy", None) is not None else "plain"
+        rec.launched = rec.ahead = False
         drafts = inp.num_draft_tokens or [0] * len(inp.query_lens)
         rec.decode = (
             bool(inp.query_lens)
@@ -123,7 +133,10 @@ class StepTimers:
         return outs
 
     def summary(self, steps: list[StepRecord] | None = None) -> dict[str, Any]:
-        """Mean step-time split (ms) over decode steps and over all steps."""
+        """Mean step-time split (ms) over decode steps and over all steps, and per mode of the policy when a
+        speculative engine ran (``auto`` mixes plain and speculative steps; with overlapped steps a record is
+        the step launched during that ``engine.step()`` call, so a mode switch shifts one step's time):
+        ``by_mode`` = {mode: {"decode_steps", "all_steps", "launched_share", "ahead_share"}}."""
         steps = self.steps if steps is None else steps
 
         def split(recs: list[StepRecord]) -> dict[str, Any] | None:
@@ -144,7 +157,22 @@ class StepTimers:
                 "other_ms": round((wall - ex) * 1e3, 4),
             }
 
-        return {"decode_steps": split([r for r in steps if r.decode]), "all_steps": split(steps)}
+        out: dict[str, Any] = {
+            "decode_steps": split([r for r in steps if r.decode]),
+            "all_steps": split(steps),
+        }
+        modes = sorted({r.mode for r in steps})
+        if modes and modes != ["plain"]:
+            out["by_mode"] = {}
+            for m in modes:
+                recs = [r for r in steps if r.mode == m]
+                out["by_mode"][m] = {
+                    "decode_steps": split([r for r in recs if r.decode]),
+                    "all_steps": split(recs),
+                    "launched_share": round(sum(r.launched for r in recs) / len(recs), 4),
+                    "ahead_share": round(sum(r.ahead for r in recs) / len(recs), 4),
+                }
+        return out
 
 
 @dataclass

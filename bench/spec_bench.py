@@ -21,7 +21,10 @@ config at each listed K (MAL vs K).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 from bench.cli import main_entry
@@ -123,6 +126,12 @@ def build_parser(prog: str = "python -m bench.spec_bench") -> argparse.ArgumentP
     p.add_argument("--output", default=None, help="Results JSON (rewritten after every point).")
     p.add_argument("--plots", default=None, help="Also write PNG plots into this folder.")
     p.add_argument(
+        "--step-log",
+        default=None,
+        help="Also write every step of every point (mode, batch, tokens, decode or not, launched, wall / "
+        "executor / draft ms) as JSON lines into this folder, one file per system, dataset and batch size.",
+    )
+    p.add_argument(
         "--cpu-threads", type=int, default=None, help="torch.set_num_threads on CPU (default: torch's)."
     )
     p.add_argument("--no-progress", action="store_true")
@@ -177,6 +186,8 @@ def measure_point(
         latency=res.latency(),
         token_ids=res.token_ids,
     )
+    if args.step_log:
+        write_step_log(args.step_log, point, res.steps)
     if policy is not None:  # how often the per-batch policy chose each mode during this point
         point["policy_decisions"] = {
             m: c - modes_before.get(m, 0) for m, c in policy.mode_counts.items() if c > modes_before.get(m, 0)
@@ -188,6 +199,20 @@ def measure_point(
         }
         point["speculation_profile_ms"] = getattr(engine, "speculation_profile", {})
     return point
+
+
+def write_step_log(folder: str, point: dict[str, Any], steps: list[Any]) -> Path:
+    """One JSON line per step of a point (``StepRecord`` fields, times in ms) into
+    ``folder/{system}_{dataset}_b{batch}.jsonl``; a repeated point (``--repeats``) appends its rounds."""
+    path = Path(folder) / f"{point['system']}_{point['dataset']}_b{point['batch_size']}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for r in steps:
+            rec = dataclasses.asdict(r)
+            for key in ("wall_s", "exec_s", "draft_s"):
+                rec[key.replace("_s", "_ms")] = round(rec.pop(key) * 1e3, 4)
+            f.write(json.dumps(rec) + "\n")
+    return path
 
 
 def _finish_point(

@@ -16,10 +16,15 @@ K = 3
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> dict:
+def smoke_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("bench")
+
+
+@pytest.fixture(scope="module")
+def smoke(smoke_dir) -> dict:
     import torch
 
-    out = tmp_path_factory.mktemp("bench") / "results.json"
+    out = smoke_dir / "results.json"
     # decoupled: always speculate (auto may measure plain decoding as faster on 8 tokens and never draft)
     spec = json.dumps(
         {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "execution": "decoupled"}
@@ -52,6 +57,8 @@ def smoke(tmp_path_factory) -> dict:
                 "hf",
                 "--output",
                 str(out),
+                "--step-log",
+                str(smoke_dir / "steps"),
                 "--no-progress",
             ]
         )
@@ -104,6 +111,25 @@ def test_plain_and_ngram_points(smoke):
         for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
             lat = s["latency"][key]
             assert lat["p50"] > 0 and lat["p99"] >= lat["p50"]
+
+
+def test_step_log_and_split_by_mode(smoke, smoke_dir):
+    """--step-log writes one JSON line per step of each point, the same steps the point's step-time split
+    summarizes; a speculative system's split is also given per mode of the policy."""
+    for system in ("plain", f"ngram-k{K}"):
+        for b, point in _runs(smoke, system).items():
+            path = smoke_dir / "steps" / f"{system}_gsm8k_b{b}.jsonl"
+            steps = [json.loads(line) for line in path.read_text().splitlines()]
+            split = point["step_time"]
+            assert len(steps) == split["all_steps"]["num_steps"] > 0
+            assert sum(s["decode"] for s in steps) == (split["decode_steps"] or {"num_steps": 0})["num_steps"]
+            assert all(s["wall_ms"] > 0 and 1 <= s["num_seqs"] <= b for s in steps)
+            modes = {s["mode"] for s in steps}
+            if system == "plain":
+                assert modes == {"plain"} and "by_mode" not in split
+            else:  # always decoupled: every step drafts
+                assert modes == {"decoupled"}
+                assert split["by_mode"]["decoupled"]["all_steps"]["num_steps"] == len(steps)
 
 
 def test_repeats_interleave_systems_and_report_the_median_round(tmp_path):
