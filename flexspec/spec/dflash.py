@@ -19,6 +19,9 @@ Each step, for every sequence of the batch:
 On GPU the block forward is one CUDA graph per batch size and the context step one per row count (1, 2, 4, ...
 up to ``max(max_num_seqs * B, max_num_batched_tokens)``; ``BatchGraphs``), so prefill steps replay them too.
 
+The device-side step (acceptance and drafting without a host sync in between, eager or captured with the
+acceptance test) is :class:`~flexspec.spec.dflash_device.DFlashDeviceStep`, a part of this class.
+
 ``num_speculative_tokens`` = min(config's, B - 1). Sequences whose context misses positions (cache evicted
 under memory pressure) still draft — worse drafts, same output.
 """
@@ -34,18 +37,16 @@ from flexspec.layers.attention import AttentionMetadata
 from flexspec.models.features import FeatureCache
 from flexspec.models.loader import resolve_model_dir
 from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput, confident_prefix_len
+from flexspec.spec.dflash_device import DFlashDeviceStep, _Held
 from flexspec.spec.models.checkpoint import read_config
 from flexspec.spec.models.dflash_model import DFlashDraftModel
 from flexspec.spec.models.draft_kv import DraftKVCache
 from flexspec.spec.registry import register
 from flexspec_kernels import pack_masks
 
-# Positions whose drafter context is written late: target KV slots (feature cache rows), positions, drafter slots.
-_Held = tuple[list[int], list[int], list[int]]
-
 
 @register
-class DFlashDrafter(Drafter):
+class DFlashDrafter(DFlashDeviceStep, Drafter):
     method = "dflash"
     model_class: ClassVar[type[DFlashDraftModel]] = DFlashDraftModel
     greedy_drafts: ClassVar[bool] = (
@@ -240,135 +241,6 @@ class DFlashDrafter(Drafter):
             n = len(self._capture)
             feats = feats.view(feats.shape[0], n, -1)[:, self._feature_index].reshape(feats.shape[0], -1)
         return feats
-
-    @property
-    def proposes_on_device(self) -> bool:  # type: ignore[override]
-        return self.greedy_drafts
-
-    @torch.inference_mode()
-    def propose_on_device(
-        self, inp, tokens: torch.Tensor, accepted: torch.Tensor, captured: list[torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``Drafter.propose_on_device``: the context K/V of each sequence's committed inputs (a decode query's
-        rows 0 .. a, rows past a get slot -1; a prompt chunk's every row) and of its positions left by plain
-        steps (``defer_context``), then, for sequences that emit, the block ``[tokens[s, a], MASK x (B-1)]``
-        over their committed context (no block when the step proposes nothing); the same graphs as
-        ``propose``, fed from device tensors. Sequences whose drafter cache cannot hold the step's positions
-        write nothing, read no context and keep 0 drafts."""
-        dev, S = self.device, tokens.shape[0]
-        host, held = self.plan_device_step(inp)
-        held = self._flush_if_large(held, captured)
-        meta = torch.tensor(host, dtype=torch.int64).to(dev, non_blocking=True)  # [S, 6 + W]
-        ctx, n, first_row, ready_t = meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] > 0
-        num_drafts, emits, table = meta[:, 4], meta[:, 5] > 0, meta[:, 6:]
-        committed = n - num_drafts + accepted  # [S] the query less its rejected drafts
-        feats, pos, slots = self._context_rows(
-            captured, inp.num_tokens, ctx, n, first_row, committed, ready_t, table
-        )
-        if held[0]:
-            target_slots, held_pos, held_slots = torch.tensor(held).to(dev, non_blocking=True)
-            feats = torch.cat([self._held_features(target_slots), feats])
-            pos, slots = torch.cat([held_pos, pos]), torch.cat([held_slots, slots])
-        graphs = self._context_graphs
-        if graphs is not None and graphs.can_run(feats.shape[0]):
-            graphs.run(feats.shape[0], feats=feats, positions=pos, slots=slots)
-        else:
-            self.model.store_context(feats, pos, slots)
-        if inp.num_speculative_tokens == 0:  # the step only verifies: context written, no block
-            return accepted.new_zeros(S, 0), accepted.new_zeros(S)
-        bonus = tokens.gather(1, accepted[:, None]).squeeze(1)  # [S]
-        drafting = ready_t & emits  # a prompt chunk that does not end its prompt emits no token to draft from
-        ctx_lens = torch.where(drafting, ctx + committed, 0).to(torch.int32)  # [S]
-        tables_t = table.to(torch.int32)
-        block = self._graphs
-        if block is not None and block.can_run(S, tables=tables_t):
-            drafts, keep = block.run(S, bonus=bonus, ctx_lens=ctx_lens, tables=tables_t)
-        else:
-            drafts, keep = self._greedy_block(bonus, ctx_lens, tables_t)
-        return drafts, torch.where(drafting, keep, 0)
-
-    def plan_device_step(self, inp, width: int | None = None) -> tuple[list[list[int]], _Held]:
-        """The host part of a device-side step: reserve each sequence's drafter cache for the step's committed
-        positions and take its positions left by plain steps (``defer_context``). Returns per sequence
-        ``[context_len, query_len, first row, cache ready, num drafts, emits, *drafter block table]`` (tables
-        padded with 0 to ``width``, or to the longest) and the held positions (not flushed)."""
-        cache_tables, bs = self.cache.tables, self.cache.block_size
-        evictable: set[int] | None = None  # sequences outside the step, computed when blocks run short
-        rows: list[list[int]] = []
-        r = 0
-        for sid, ctx, n, d, e in zip(
-            inp.seq_ids, inp.context_lens, inp.query_lens, inp.num_draft_tokens, inp.samples
-        ):
-            table = cache_tables.get(sid)
-            # committed positions reach ctx + n - 1: most steps find them addressable already
-            if table is None or len(table) * bs < ctx + n:
-                if evictable is None and len(self.cache.free_blocks) * bs < ctx + n:
-                    evictable = set(cache_tables) - set(inp.seq_ids)
-                table = cache_tables[sid] if self.cache.reserve(sid, ctx + n, evictable) else None
-            rows.append([ctx, n, r, int(table is not None), d, int(e), *(table or [])])
-            r += n
-        held: _Held = ([], [], [])  # positions left by plain steps: written with this step's context
-        if self._pending_from:
-            for sid, c, tbl in zip(inp.seq_ids, inp.context_lens, inp.block_tables):
-                self._take_pending(sid, c, tbl, held)
-        W = 6 + (width if width is not None else max(len(row) - 6 for row in rows) or 1)
-        for row in rows:
-            row.extend([0] * (W - len(row)))
-        return rows, held
-
-    def write_held_context(self, held: _Held) -> None:
-        """Write ``held`` (``plan_device_step``) on its own: context steps from the feature cache."""
-        if held[0]:
-            held = self._flush_if_large(held, [])
-            self._write_context([], [], [], [], held)
-
-    def fused_tail(
-        self, meta: torch.Tensor, tokens: torch.Tensor, accepted: torch.Tensor, captured: list[torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``propose_on_device``'s device part for a decode graph's padded layout, captured in one CUDA graph
-        with the worker's acceptance test (``FusedVerifyGraphs``): S sequences of q rows each (rows
-        ``s * q ..``), every one a decode query ``[last token, drafts...]`` that emits, no held positions.
-
-        meta [S, 6 + W] int64 (``plan_device_step``'s rows; dummy sequences all 0), tokens [S, q] int64,
-        accepted [S] int64, captured ``capture_layers`` outputs [S * q, H] each -> (drafts [S, D] int64, drafts
-        worth verifying [S] int64). Sync-free."""
-        S, q = tokens.shape
-        ctx, n, ready_t = meta[:, 0], meta[:, 1], meta[:, 3] > 0
-        num_drafts, emits, table = meta[:, 4], meta[:, 5] > 0, meta[:, 6:]
-        committed = n - num_drafts + accepted  # [S]
-        rows = torch.full_like(n, q)  # each sequence owns q rows; those past `committed` are not written
-        first_row = torch.arange(S, device=meta.device) * q
-        feats, pos, slots = self._context_rows(
-            captured, S * q, ctx, rows, first_row, committed, ready_t, table
-        )
-        self.model.store_context(feats, pos, slots)
-        bonus = tokens.gather(1, accepted[:, None]).squeeze(1)  # [S]
-        drafting = ready_t & emits
-        ctx_lens = torch.where(drafting, ctx + committed, 0).to(torch.int32)
-        drafts, keep = self._greedy_block(bonus, ctx_lens, table.to(torch.int32))
-        return drafts, torch.where(drafting, keep, 0)
-
-    @property
-    def fused_table_width(self) -> int:
-        """Drafter block-table columns of ``fused_tail``'s meta rows."""
-        cfg = self.runner.config
-        return -(-cfg.max_model_len // cfg.kv_block_size)
-
-    def _context_rows(self, captured, num_tokens, ctx, n, first_row, committed, ready, table):
-        """Context rows of a step, one per input token (T = ``num_tokens``, in input order): sequence s's query
-        of ``n[s]`` rows from ``first_row[s]`` at positions ``ctx[s] ..``, its first ``committed[s]`` rows
-        written (slot -1 for the rest, and for sequences not ``ready``). Returns feats [T, n*H], positions and
-        slots [T]."""
-        dev = ctx.device
-        seqs = torch.arange(ctx.shape[0], device=dev)
-        seq = torch.repeat_interleave(seqs, n, output_size=num_tokens)  # [T] each row's sequence
-        j = torch.arange(num_tokens, device=dev) - first_row[seq]  # [T] row in its query
-        pos = ctx[seq] + j
-        bs = self.cache.block_size
-        slots = table[seq, (pos // bs).clamp(max=table.shape[1] - 1)] * bs + pos % bs
-        slots = torch.where((j < committed[seq]) & ready[seq], slots, -1)
-        feats = torch.cat([captured[i][:num_tokens] for i in self._feature_index], -1)
-        return feats, pos, slots
 
     def _write_context(
         self,
