@@ -246,6 +246,12 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
     p.add_argument("--traces", required=True, help="bench.acceptance_trace JSON")
     p.add_argument("--step-times", required=True, help="bench.spec_bench JSON measured on the target machine")
     p.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument(
+        "--datasets",
+        default=None,
+        help="comma-separated datasets of the traces, in the order they are replayed on the one policy "
+        "(default: the traces' own order); the first is also the warm-up's",
+    )
     p.add_argument("--num-prompts", type=positive_int, default=32)
     p.add_argument("--requests-per-batch", type=positive_int, default=16)
     p.add_argument("--max-tokens", type=positive_int, default=128)
@@ -276,7 +282,7 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
 
 def apply_overrides(pairs: list[str]) -> dict[str, float]:
     """Set module constants of ``flexspec.spec.policy`` (``NAME=VALUE``); ``STALE_KEEP`` follows
-    ``STALE_HALF_LIFE``. Raises ValueError for a name the module does not define."""
+    ``STALE_HALF_LIFE``, ``PRIOR_KEEP`` ``PRIOR_HALF_LIFE``. Raises ValueError for a name the module does not define."""
     from flexspec.spec import policy
 
     done = {}
@@ -295,6 +301,8 @@ def apply_overrides(pairs: list[str]) -> dict[str, float]:
         done[name] = getattr(policy, name)
         if name == "STALE_HALF_LIFE":
             policy.STALE_KEEP = 0.5 ** (1 / policy.STALE_HALF_LIFE)
+        if name == "PRIOR_HALF_LIFE":
+            policy.PRIOR_KEEP = 0.5 ** (1 / policy.PRIOR_HALF_LIFE)
     return done
 
 
@@ -324,6 +332,12 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     times = StepTimes(table, args.noise, rng, prefill)
     k = traces_doc["num_speculative_tokens"]
     traces = {d: [t["accepted"] for t in ts] for d, ts in traces_doc["traces"].items()}
+    if args.datasets:
+        order = [d.strip() for d in args.datasets.split(",") if d.strip()]
+        missing = [d for d in order if d not in traces]
+        if missing or not order:
+            raise ValueError(f"--datasets {args.datasets!r}: the traces hold {sorted(traces)}")
+        traces = {d: traces[d] for d in order}
     rep = Replay(spec, times, k)
     first = next(iter(traces.values()))
     max_bs = max(args.batch_sizes)

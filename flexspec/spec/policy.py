@@ -15,7 +15,14 @@ are measured online per (mode, batch-size bucket). A request's MAL estimate:
   all requests; a request not verified yet uses G. Until ``MIN_PRIOR_VERIFICATIONS`` verifications G is
   optimistic (1 + k: every draft accepted), so a fresh engine speculates until it knows what drafts are worth
   here (the warm-up profile's dummy prompt does not set G, see ``finish_profile``): G is learnt only from
-  verifications, and an engine that starts on plain decoding learns it only from probes;
+  verifications, and an engine that starts on plain decoding learns it only from probes. G's evidence ages:
+  each step that verifies nothing multiplies the number of verifications G stands for (at most
+  ``PRIOR_WINDOW``) by ``PRIOR_KEEP`` (half-life ``PRIOR_HALF_LIFE`` steps, floor ``PRIOR_MIN_WEIGHT``), so after
+  a plain stretch a probe's fresh verifications weigh against a few old ones, not ``PRIOR_WINDOW`` of them. A
+  workload shift is thus learnt from a probe or two (session 30, H100: after MT-Bench, MAL 1.95, ``auto`` ran
+  GSM8K, MAL 3.2, at batch 4 on plain decoding for 1024 of its 1027 steps, 0.71x of always-decoupled, each
+  probe moving G by ~0.08; ``bench.policy_replay`` with MT-Bench first, 4 seeds: GSM8K b=4 ``auto`` / best
+  0.878 (worst 0.752) -> 1.000, other points unchanged within 0.5%);
 * its own running MAL r is an EMA (``EMA``) of accepted + 1 per verification that starts from G, so after n
   verifications the prior still weighs (1 - EMA)^n (shrinkage: one unlucky first step does not send a request
   to plain decoding);
@@ -126,6 +133,9 @@ SPEC_MARGIN = 1.05  # speculation is chosen over plain decoding only if its expe
 PRIOR_WINDOW = 128  # verifications (all requests) behind the prior MAL: ~3 GSM8K requests at batch 1
 STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a request's own MAL estimate
 STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
+PRIOR_HALF_LIFE = 128  # steps without a verification that halve the weight of G's evidence
+PRIOR_KEEP = 0.5 ** (1 / PRIOR_HALF_LIFE)
+PRIOR_MIN_WEIGHT = 16.0  # G's evidence never weighs less than this many verifications
 
 
 def entry_factor(tokens_per_step: float) -> float:
@@ -207,7 +217,8 @@ class SpeculationPolicy:
     forced: str | None = None  # warm-up profile: every decision is this mode, step times are collected raw
     profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
     prior_tokens_per_step: float | None = None  # G: mean accepted + 1 over ~PRIOR_WINDOW verifications
-    num_verifications: int = 0  # of all requests, for the prior's running mean
+    num_verifications: int = 0  # of all requests (MIN_PRIOR_VERIFICATIONS)
+    prior_weight: float = 0.0  # verifications G stands for: + 1 per verification up to PRIOR_WINDOW, aged
     num_decisions: int = 0  # auto decisions of every bucket: the clock of step-time staleness
 
     def __post_init__(self) -> None:
@@ -407,7 +418,8 @@ class SpeculationPolicy:
         The time is recorded only when this step's decision equals the previous one (``previous``: the
         decision made before this step's; default: the one before the latest decision, which is this step's
         unless the next step was decided already, as with async scheduling; see the module doc); acceptance
-        is recorded for every step that verified drafts."""
+        is recorded for every step that verified drafts; a step that verified none ages G's evidence
+        (``PRIOR_HALF_LIFE``)."""
         if seconds is not None and self.previous_mode(mode, previous) == mode:
             key = (mode, batch_bucket(num_seqs))
             if self.forced is not None:
@@ -415,14 +427,17 @@ class SpeculationPolicy:
             else:
                 self.step_times.setdefault(key, _Stat()).add(seconds, self.num_decisions)
                 self._check_probe(key, seconds)
-        if per_position_acceptance:
-            n = max(len(self.acceptance), len(per_position_acceptance))
-            step = per_position_acceptance + [0.0] * (n - len(per_position_acceptance))  # no draft there: 0
-            if not self.acceptance:
-                self.acceptance = list(step)
-            else:
-                self.acceptance += [0.0] * (n - len(self.acceptance))
-                self.acceptance = [(1 - EMA) * a + EMA * b for a, b in zip(self.acceptance, step)]
+        if not per_position_acceptance:
+            if self.prior_weight > PRIOR_MIN_WEIGHT:
+                self.prior_weight = max(self.prior_weight * PRIOR_KEEP, PRIOR_MIN_WEIGHT)
+            return
+        n = max(len(self.acceptance), len(per_position_acceptance))
+        step = per_position_acceptance + [0.0] * (n - len(per_position_acceptance))  # no draft there: 0
+        if not self.acceptance:
+            self.acceptance = list(step)
+        else:
+            self.acceptance += [0.0] * (n - len(self.acceptance))
+            self.acceptance = [(1 - EMA) * a + EMA * b for a, b in zip(self.acceptance, step)]
 
     def _check_probe(self, key: tuple[str, int], seconds: float) -> None:
         """A probe's step far from the estimate it re-measured (``PROBE_SURPRISE``) makes the estimate stale:
@@ -453,6 +468,7 @@ class SpeculationPolicy:
             out[f"{mode}@{bucket}"] = round(med * 1e3, 4)
         self.profile.clear()
         self.num_verifications, self.prior_tokens_per_step, self.acceptance = 0, None, []
+        self.prior_weight = 0.0
         self.num_decisions = 0
         self.mode_counts.clear()
         self.decisions.clear()
@@ -478,8 +494,9 @@ class SpeculationPolicy:
             return
         tokens = num_accepted + 1.0
         self.num_verifications += 1
+        self.prior_weight = min(self.prior_weight + 1.0, PRIOR_WINDOW)
         g = self.prior_tokens_per_step
-        g = tokens if g is None else g + (tokens - g) / min(self.num_verifications, PRIOR_WINDOW)
+        g = tokens if g is None else g + (tokens - g) / self.prior_weight
         self.prior_tokens_per_step = g
         prev = seq.spec_tokens_per_step
         seq.spec_tokens_per_step = (1 - EMA) * (g if prev is None else prev) + EMA * tokens

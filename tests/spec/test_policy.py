@@ -9,9 +9,13 @@ import pytest
 
 from configs import EngineConfig
 from flexspec.engine.scheduler import SchedulerOutput
+from flexspec.spec import policy as policy_module
 from flexspec.spec.policy import (
     EMA,
     MIN_PRIOR_VERIFICATIONS,
+    PRIOR_HALF_LIFE,
+    PRIOR_MIN_WEIGHT,
+    PRIOR_WINDOW,
     PROBE_BUDGET,
     PROBE_STEPS,
     REEXPLORE_EVERY,
@@ -445,3 +449,36 @@ def test_a_bad_profile_prompt_does_not_hold_a_good_workload_on_plain():
         pol.observe_request(seq, 4 if modes[-1] != "plain" else 0, 2)
     assert modes[0] == "decoupled" and pol.prior() == pytest.approx(3.0)
     assert modes.count("plain") <= 100 // REEXPLORE_EVERY * PROBE_STEPS  # only the runner-up's probes
+
+
+@pytest.mark.parametrize("aging", [True, False])
+def test_a_workload_shift_is_learnt_from_one_probe_after_a_plain_stretch(monkeypatch, aging):
+    """Session 30 (H100, spec_bench): after MT-Bench (MAL ~1.95) the engine's ``auto`` ran GSM8K (MAL ~3.2) at
+    batch 4 almost entirely on plain decoding (3 speculative steps of 1027; always-decoupled was 1.40x plain):
+    G rested on ~PRIOR_WINDOW old verifications and each probe added a handful. G's evidence now ages over steps
+    that verify nothing (half-life ``PRIOR_HALF_LIFE``, floor ``PRIOR_MIN_WEIGHT``), so after a plain stretch
+    one probe's verifications move G most of the way; without aging (the control) they barely move it."""
+    if not aging:
+        monkeypatch.setattr(policy_module, "PRIOR_KEEP", 1.0)
+    pol = _policy(execution="auto")
+    times = {"plain": 1.0, "decoupled": 2.0, "parallel": 50.0}  # break-even MAL ~2.2 from plain
+    _train(pol, 8, times, [0.5, 0.3, 0.1, 0.05])
+    old, _ = _request()
+    for i in range(PRIOR_WINDOW):  # the old workload: 1.5 tokens per verification
+        pol.observe_request(old, 4, i % 2)
+    assert pol.prior() == pytest.approx(1.5, abs=0.02) and pol.prior_weight == PRIOR_WINDOW
+    for _ in range(4 * PRIOR_HALF_LIFE):  # a plain stretch: nothing verified
+        pol.observe("plain", 8, 1.0, None)
+    assert pol.prior_weight == (PRIOR_MIN_WEIGHT if aging else PRIOR_WINDOW)
+    pol.observe("decoupled", 8, 2.0, [0.9, 0.8, 0.2, 0.1])  # a speculative step does not age G's evidence
+    assert pol.prior_weight == (PRIOR_MIN_WEIGHT if aging else PRIOR_WINDOW)
+    new = [_request()[0] for _ in range(8)]
+    for seq in new * 2:  # a probe of the new workload at batch 8: 16 verifications of 3 tokens
+        pol.observe_request(seq, 4, 2)
+    # requests of the new workload without evidence of their own: G decides
+    batch = SchedulerOutput(scheduled=[_request()[1].scheduled[0] for _ in range(8)], preempted=[])
+    if aging:
+        assert pol.prior() == pytest.approx(1.5 + 1.5 * 16 / (PRIOR_MIN_WEIGHT + 16), abs=0.02)
+        assert pol.decide(batch).mode == "decoupled"
+    else:
+        assert pol.prior() < 1.75 and pol.decide(batch).mode == "plain"
