@@ -37,7 +37,7 @@ from flexspec.layers.attention import AttentionMetadata
 from flexspec.models.features import FeatureCache
 from flexspec.models.loader import resolve_model_dir
 from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput, confident_prefix_len
-from flexspec.spec.dflash_device import DFlashDeviceStep, _Held
+from flexspec.spec.dflash_device import DFlashDeviceStep, _Held, int64_rows
 from flexspec.spec.models.checkpoint import read_config
 from flexspec.spec.models.dflash_model import DFlashDraftModel
 from flexspec.spec.models.draft_kv import DraftKVCache
@@ -213,12 +213,14 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
             return
         table = self.cache.tables.get(seq_id, [])
         bs = self.cache.block_size  # = the target's block size
-        for pos in range(first, before):
-            b = pos // bs
-            if b < len(table) and b < len(block_table):
-                held[0].append(block_table[b] * bs + pos % bs)
-                held[1].append(pos)
-                held[2].append(table[b] * bs + pos % bs)
+        # one range per KV block (after a long plain stretch a batch holds thousands of positions: session 30,
+        # H100, b=64, a loop per position made the step entering speculation 11-42 ms)
+        for b in range(first // bs, min(-(-before // bs), len(table), len(block_table))):
+            lo, hi = max(first, b * bs), min(before, (b + 1) * bs)
+            target, drafter = block_table[b] * bs - b * bs, table[b] * bs - b * bs
+            held[0].extend(range(target + lo, target + hi))
+            held[1].extend(range(lo, hi))
+            held[2].extend(range(drafter + lo, drafter + hi))
 
     def _flush_if_large(self, held: _Held, captured: list[torch.Tensor]) -> _Held:
         """Write ``held`` now, in context steps of at most ``max_num_batched_tokens`` rows, when it is larger
@@ -257,7 +259,7 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         n = num_held + len(rows)
         if not n:
             return
-        src, positions_t, slots_t = torch.tensor(
+        src, positions_t, slots_t = int64_rows(
             [[*held[0], *rows], [*held[1], *positions], [*held[2], *slots]]
         ).to(self.device, non_blocking=True)
         parts = []

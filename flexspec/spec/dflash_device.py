@@ -13,10 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 # Positions whose drafter context is written late: target KV slots (feature cache rows), positions, drafter slots.
 _Held = tuple[list[int], list[int], list[int]]
+
+
+def int64_rows(rows) -> torch.Tensor:
+    """Equal-length lists of ints -> a CPU int64 tensor [len(rows), len(rows[0])], through numpy: ``torch.tensor``
+    on nested lists costs ~0.2 us per element (11 ms for the 3 x 19k held positions of a batch of 64 entering
+    speculation after a plain stretch, 2-core Xeon), numpy ~20 ns."""
+    return torch.from_numpy(np.array(rows, dtype=np.int64))
 
 
 class DFlashDeviceStep:
@@ -50,7 +58,7 @@ class DFlashDeviceStep:
         dev, S = self.device, tokens.shape[0]
         host, held = self.plan_device_step(inp)
         held = self._flush_if_large(held, captured)
-        meta = torch.tensor(host, dtype=torch.int64).to(dev, non_blocking=True)  # [S, 6 + W]
+        meta = int64_rows(host).to(dev, non_blocking=True)  # [S, 6 + W]
         ctx, n, first_row, ready_t = meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] > 0
         num_drafts, emits, table = meta[:, 4], meta[:, 5] > 0, meta[:, 6:]
         committed = n - num_drafts + accepted  # [S] the query less its rejected drafts
@@ -58,7 +66,7 @@ class DFlashDeviceStep:
             captured, inp.num_tokens, ctx, n, first_row, committed, ready_t, table
         )
         if held[0]:
-            target_slots, held_pos, held_slots = torch.tensor(held).to(dev, non_blocking=True)
+            target_slots, held_pos, held_slots = int64_rows(held).to(dev, non_blocking=True)
             feats = torch.cat([self._held_features(target_slots), feats])
             pos, slots = torch.cat([held_pos, pos]), torch.cat([held_slots, slots])
         graphs = self._context_graphs
