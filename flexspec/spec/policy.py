@@ -220,6 +220,10 @@ class SpeculationPolicy:
     num_verifications: int = 0  # of all requests (MIN_PRIOR_VERIFICATIONS)
     prior_weight: float = 0.0  # verifications G stands for: + 1 per verification up to PRIOR_WINDOW, aged
     num_decisions: int = 0  # auto decisions of every bucket: the clock of step-time staleness
+    # decisions run before every step: what they look up is cached (host time of a host-bound b=64 step counts)
+    _warmed: bool = False  # every option has WARMUP_SAMPLES step times
+    _nearest_cache: dict[tuple[str, int], int | None] = field(default_factory=dict)
+    _nearest_keys: int = -1  # len(step_times) when _nearest_cache was filled (keys are only ever added)
 
     def __post_init__(self) -> None:
         spec = self.config.speculative_config
@@ -244,9 +248,11 @@ class SpeculationPolicy:
         count = self.decisions.get(bucket, 0)
         self.decisions[bucket] = count + 1
         self.num_decisions += 1
-        for mode in self.options:  # warm-up: measure every option somewhere first
-            if self.samples(mode) < WARMUP_SAMPLES:
-                return self._decision(mode)
+        if not self._warmed:  # warm-up: measure every option somewhere first
+            for mode in self.options:
+                if self.samples(mode) < WARMUP_SAMPLES:
+                    return self._decision(mode)
+            self._warmed = True
         spec_tokens = self.batch_tokens_per_step(sched)
         rates = {m: self.expected_rate(m, bucket, spec_tokens) for m in self.options}
         rates["plain"] *= SPEC_MARGIN  # near-ties go to plain decoding (see SPEC_MARGIN)
@@ -364,10 +370,16 @@ class SpeculationPolicy:
 
     def _nearest(self, mode: str, bucket: int) -> int | None:
         """The measured bucket of ``mode`` closest to ``bucket`` (log scale; ties -> the larger)."""
-        have = [b for (m, b), st in self.step_times.items() if m == mode and st.n > 0]
-        if not have:
-            return None
-        return min(have, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b))
+        if self._nearest_keys != len(self.step_times):
+            self._nearest_cache.clear()
+            self._nearest_keys = len(self.step_times)
+        key = (mode, bucket)
+        if key not in self._nearest_cache:
+            have = [b for (m, b), st in self.step_times.items() if m == mode and st.n > 0]
+            self._nearest_cache[key] = (
+                min(have, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b)) if have else None
+            )
+        return self._nearest_cache[key]
 
     def step_time(self, mode: str, bucket: int) -> float | None:
         """Estimated seconds per step of ``mode`` at ``bucket`` (see the module doc); None if never measured."""
@@ -458,6 +470,7 @@ class SpeculationPolicy:
         of GSM8K's batch-1 steps, G learning one verification per probe), so serving starts from the optimistic
         prior (``prior``). Returns {"mode@bucket": median ms}."""
         self.forced = None
+        self._warmed = False
         out = {}
         for (mode, bucket), times in sorted(self.profile.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             stat = _Stat()
