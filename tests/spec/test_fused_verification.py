@@ -100,6 +100,37 @@ def test_fused_tail_after_plain_steps_writes_their_deferred_context(plain_128, f
     assert n_fused > 0 and f_metrics["num_accepted_tokens"] > 0
 
 
+def test_the_step_switching_to_plain_replays_the_tail_and_keeps_no_drafts(plain_128, fused_eng):
+    """decoupled, plain, plain, ...: each plain decision after a drafting step verifies its drafts and proposes
+    none; it runs fused like the drafting steps, emits what the eager path emits and returns no drafts."""
+    prompts, want = plain_128
+    prompts, want = prompts[:2], [w[:30] for w in want[:2]]
+    params = SamplingParams(max_tokens=30, temperature=0)
+    worker = fused_eng.executor.runner.spec_worker
+    switches: list = []
+    launch = worker._launch_fused
+    n = [0]
+
+    def decide(sched):
+        n[0] += 1
+        return Decision("decoupled", 7) if n[0] % 3 == 0 else Decision("plain", 0)
+
+    def spy(inp, *a):
+        if inp.num_speculative_tokens == 0:
+            switches.append(inp)
+        return launch(inp, *a)
+
+    worker._launch_fused = spy  # _run wraps it and removes the instance attribute when done
+    try:
+        f_out, f_steps, f_metrics, _ = _run(fused_eng, prompts, params, True, decide)
+    finally:
+        worker.__dict__.pop("_launch_fused", None)
+    n[0] = 0
+    e_out, e_steps, e_metrics, _ = _run(fused_eng, prompts, params, False, decide)
+    assert f_out == e_out == want and f_steps == e_steps and f_metrics == e_metrics
+    assert switches and all(any(inp.num_draft_tokens) for inp in switches)
+
+
 def test_sampled_and_logprob_steps_stay_on_the_eager_path(fused_eng):
     worker = fused_eng.executor.runner.spec_worker
     prompt = fused_eng.apply_chat_template([{"role": "user", "content": "Count from 1 to 20."}])
