@@ -39,6 +39,9 @@ class StepRecord:
     mode: str = "plain"  # the policy's decision for the step ("plain" | "decoupled" | "parallel")
     launched: bool = False  # enqueued by ``launch`` (collected later) rather than run by ``execute``
     ahead: bool = False  # launched before the previous step was collected (async scheduling)
+    num_launched: int = (
+        0  # model steps started in this call (2: e.g. a prompt's prefill, then a decode ahead)
+    )
 
 
 class StepTimers:
@@ -100,19 +103,26 @@ class StepTimers:
         return self._timed(self._orig_execute, inp)
 
     def _describe(self, inp: Any) -> None:
+        """Describe the step ``inp`` started in this ``engine.step()`` call; a call that starts two (the first
+        call of a run: a prompt's prefill, then the next decode step launched ahead of its readback) is one
+        record of both: not a decode step (its wall time holds the prefill), their tokens summed, the second's
+        mode and launch flags."""
         rec = self.current if self.current is not None else StepRecord()
-        rec.num_seqs = len(inp.query_lens)
-        rec.num_tokens = inp.num_tokens
-        rec.mode = inp.spec_mode if getattr(self.engine, "policy", None) is not None else "plain"
-        rec.launched = rec.ahead = False
         drafts = inp.num_draft_tokens or [0] * len(inp.query_lens)
-        rec.decode = (
+        decode = (
             bool(inp.query_lens)
             and all(inp.samples or [True])
             and all(q == d + 1 for q, d in zip(inp.query_lens, drafts))
         )
-        if rec.decode and len(inp.query_lens) == 1:
+        if decode and len(inp.query_lens) == 1:
             self.last_decode_input = inp
+        first = rec.num_launched == 0
+        rec.num_launched += 1
+        rec.num_seqs = len(inp.query_lens) if first else max(rec.num_seqs, len(inp.query_lens))
+        rec.num_tokens = inp.num_tokens if first else rec.num_tokens + inp.num_tokens
+        rec.decode = decode if first else rec.decode and decode
+        rec.mode = inp.spec_mode if getattr(self.engine, "policy", None) is not None else "plain"
+        rec.launched = rec.ahead = False
 
     def _propose(self, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()

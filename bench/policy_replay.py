@@ -291,11 +291,13 @@ def apply_overrides(pairs: list[str]) -> dict[str, float]:
         if not name.isupper() or not hasattr(policy, name):
             raise ValueError(f"--set {pair!r}: flexspec.spec.policy has no constant {name!r}")
         old = getattr(policy, name)
+        if name.endswith("_KEEP"):
+            raise ValueError(f"--set {pair!r}: {name} follows {name[:-5]}_HALF_LIFE; set that instead")
         try:
             number = float(value)
         except ValueError:
             raise ValueError(f"--set {pair!r}: {value!r} is not a number") from None
-        if number <= 0 or (isinstance(old, int) and number != int(number)):
+        if not math.isfinite(number) or number <= 0 or (isinstance(old, int) and number != int(number)):
             raise ValueError(f"--set {pair!r}: {name} takes a positive {type(old).__name__}")
         setattr(policy, name, type(old)(number))
         done[name] = getattr(policy, name)
@@ -332,7 +334,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     times = StepTimes(table, args.noise, rng, prefill)
     k = traces_doc["num_speculative_tokens"]
     traces = {d: [t["accepted"] for t in ts] for d, ts in traces_doc["traces"].items()}
-    if args.datasets:
+    if args.datasets is not None:
         order = [d.strip() for d in args.datasets.split(",") if d.strip()]
         missing = [d for d in order if d not in traces]
         if missing or not order:
@@ -344,7 +346,9 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     if args.profile_trace:
         name, _, index = args.profile_trace.partition(":")
         if name not in traces:
-            raise ValueError(f"--profile-trace {args.profile_trace!r}: no dataset {name!r} in the traces")
+            raise ValueError(
+                f"--profile-trace {args.profile_trace!r}: no dataset {name!r} among {sorted(traces)}"
+            )
         try:
             dummy = traces[name][int(index or 0)]
         except (ValueError, IndexError):

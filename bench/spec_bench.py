@@ -201,14 +201,37 @@ def measure_point(
     return point
 
 
+def check_step_log(folder: str) -> Path:
+    """``--step-log``'s folder, created; raises ValueError (before anything is measured) if it is a file, cannot
+    be created, or holds step logs already (appending would mix two runs' steps)."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--step-log {folder}: is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--step-log {folder}: cannot create it ({e.strerror})") from None
+    if any(path.glob("*.jsonl")):
+        raise ValueError(
+            f"--step-log {folder}: holds step logs of an earlier run (*.jsonl); give a new folder"
+        )
+    return path
+
+
+_step_log_rounds: dict[Path, int] = {}  # step-log file -> rounds written (``--repeats``)
+
+
 def write_step_log(folder: str, point: dict[str, Any], steps: list[Any]) -> Path:
-    """One JSON line per step of a point (``StepRecord`` fields, times in ms) into
-    ``folder/{system}_{dataset}_b{batch}.jsonl``; a repeated point (``--repeats``) appends its rounds."""
-    path = Path(folder) / f"{point['system']}_{point['dataset']}_b{point['batch_size']}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """One JSON line per step of a point (``StepRecord`` fields, times in ms, and ``round``: 0, 1, ... for the
+    rounds of ``--repeats``) into ``folder/{system}_{dataset}_b{batch}.jsonl`` (path separators in the system's
+    label become ``_``)."""
+    name = f"{point['system']}_{point['dataset']}_b{point['batch_size']}.jsonl".replace(os.sep, "_")
+    path = Path(folder) / name
+    rnd = _step_log_rounds.get(path, 0)
+    _step_log_rounds[path] = rnd + 1
     with path.open("a") as f:
         for r in steps:
-            rec = dataclasses.asdict(r)
+            rec = {"round": rnd, **dataclasses.asdict(r)}
             for key in ("wall_s", "exec_s", "draft_s"):
                 rec[key.replace("_s", "_ms")] = round(rec.pop(key) * 1e3, 4)
             f.write(json.dumps(rec) + "\n")
@@ -366,7 +389,13 @@ def add_ratios(runs: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench.spec_bench") -> dict[str, Any]:
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if args.step_log:
+        try:
+            check_step_log(args.step_log)
+        except ValueError as e:
+            parser.error(str(e))
     apply_cpu_threads(args.cpu_threads)
     budget = Budget(args.time_budget_s)
     systems = expand_configs(args.speculative_config, args.sweep_num_speculative_tokens)

@@ -133,6 +133,11 @@ def test_overrides_name_real_constants():
         (["--profile-trace", "gsm8k:99"], "gsm8k has requests 0..3"),
         (["--set", "REQUEST_PRIOR_WEIGHT=abc"], "'abc' is not a number"),
         (["--set", "STALE_HALF_LIFE=0"], "STALE_HALF_LIFE takes a positive int"),
+        (["--set", "PRIOR_HALF_LIFE=inf"], "PRIOR_HALF_LIFE takes a positive int"),
+        (["--set", "PRIOR_MIN_WEIGHT=nan"], "PRIOR_MIN_WEIGHT takes a positive float"),
+        (["--set", "PRIOR_KEEP=2"], "follows PRIOR_HALF_LIFE; set that instead"),
+        (["--datasets", ""], "--datasets ''"),
+        (["--datasets", "gsm8k,nope"], "the traces hold"),
         (["swap"], "is not a flexspec.bench.acceptance_trace result"),
     ],
 )

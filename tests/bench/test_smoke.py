@@ -123,13 +123,27 @@ def test_step_log_and_split_by_mode(smoke, smoke_dir):
             split = point["step_time"]
             assert len(steps) == split["all_steps"]["num_steps"] > 0
             assert sum(s["decode"] for s in steps) == (split["decode_steps"] or {"num_steps": 0})["num_steps"]
-            assert all(s["wall_ms"] > 0 and 1 <= s["num_seqs"] <= b for s in steps)
+            assert all(s["wall_ms"] > 0 and 1 <= s["num_seqs"] <= b and s["round"] == 0 for s in steps)
+            # every point prefills its prompts: the call that prefills (and starts the next step) is no decode step
+            assert not steps[0]["decode"] and steps[0]["num_launched"] >= 1
             modes = {s["mode"] for s in steps}
             if system == "plain":
                 assert modes == {"plain"} and "by_mode" not in split
             else:  # always decoupled: every step drafts
                 assert modes == {"decoupled"}
                 assert split["by_mode"]["decoupled"]["all_steps"]["num_steps"] == len(steps)
+
+
+def test_step_log_folder_is_checked_before_measuring(tmp_path, capsys):
+    """A --step-log path that is a file, or a folder holding an earlier run's logs, fails at once (usage error)."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "plain_gsm8k_b1.jsonl").write_text("{}\n")
+    for bad, why in ((tmp_path / "afile", "is a file"), (tmp_path / "old", "earlier run")):
+        with pytest.raises(SystemExit) as e:
+            spec_bench.main(["--device", "cpu", "--step-log", str(bad), "--output", str(tmp_path / "r.json")])
+        assert e.value.code == 2 and why in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()  # nothing was measured
 
 
 def test_repeats_interleave_systems_and_report_the_median_round(tmp_path):
