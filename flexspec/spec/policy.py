@@ -21,8 +21,11 @@ are measured online per (mode, batch-size bucket). A request's MAL estimate:
   a plain stretch a probe's fresh verifications weigh against a few old ones, not ``PRIOR_WINDOW`` of them. A
   workload shift is thus learnt from a probe or two (session 30, H100: after MT-Bench, MAL 1.95, ``auto`` ran
   GSM8K, MAL 3.2, at batch 4 on plain decoding for 1024 of its 1027 steps, 0.71x of always-decoupled, each
-  probe moving G by ~0.08; ``bench.policy_replay`` with MT-Bench first, 4 seeds: GSM8K b=4 ``auto`` / best
-  0.878 (worst 0.752) -> 1.000, other points unchanged within 0.5%);
+  probe moving G by ~0.08; ``bench.policy_replay`` with MT-Bench first, b = 1-64, 4 seeds: GSM8K b=4 ``auto`` /
+  best 0.878 (worst 0.752) -> 1.001 (worst 1.000), other points unchanged within 0.5%). The floor keeps a probe's
+  few verifications from swinging G: GSM8K's accepted lengths vary widely, and with a floor of 16 a replay of
+  b=4 alone (8 seeds) lost 2.5% on average to probes that happened to draw low (mean 0.904 vs 0.928 without
+  aging; floor 32: 0.929; ``bench/results/cpu-2026-12-05-s30/``);
 * its own running MAL r is an EMA (``EMA``) of accepted + 1 per verification that starts from G, so after n
   verifications the prior still weighs (1 - EMA)^n (shrinkage: one unlucky first step does not send a request
   to plain decoding);
@@ -135,7 +138,7 @@ STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a
 STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
 PRIOR_HALF_LIFE = 128  # steps without a verification that halve the weight of G's evidence
 PRIOR_KEEP = 0.5 ** (1 / PRIOR_HALF_LIFE)
-PRIOR_MIN_WEIGHT = 16.0  # G's evidence never weighs less than this many verifications
+PRIOR_MIN_WEIGHT = 32.0  # G's evidence never weighs less than this many verifications (16: probes' noise)
 
 
 def entry_factor(tokens_per_step: float) -> float:
