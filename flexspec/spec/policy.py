@@ -19,7 +19,7 @@ are measured online per (mode, batch-size bucket). A request's MAL estimate:
   each step that verifies nothing multiplies the number of verifications G stands for (at most
   ``PRIOR_WINDOW``) by ``PRIOR_KEEP`` (half-life ``PRIOR_HALF_LIFE`` steps, floor ``PRIOR_MIN_WEIGHT``), so after
   a plain stretch a probe's fresh verifications weigh against a few old ones, not ``PRIOR_WINDOW`` of them. A
-  workload shift is thus learnt from a probe or two (session 30, H100: after MT-Bench, MAL 1.95, ``auto`` ran
+  workload shift is thus learnt from a few probes (session 30, H100: after MT-Bench, MAL 1.95, ``auto`` ran
   GSM8K, MAL 3.2, at batch 4 on plain decoding for 1024 of its 1027 steps, 0.71x of always-decoupled, each
   probe moving G by ~0.08; ``bench.policy_replay`` with MT-Bench first, b = 1-64, 4 seeds: GSM8K b=4 ``auto`` /
   best 0.878 (worst 0.752) -> 1.001 (worst 1.000), other points unchanged within 0.5%). The floor keeps a probe's
