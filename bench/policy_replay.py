@@ -197,7 +197,8 @@ class Replay:
         clock = 0.0
         tokens = 0
         counts: dict[str, int] = {}
-        prev = None
+        prev = prev_prev = None
+        entries = single = 0
         while pending or running:
             joined = False  # prompts prefill in this step
             while pending and len(running) < batch_size:
@@ -227,15 +228,26 @@ class Replay:
                 s.num_emitted += emit
                 tokens += emit
                 metrics.observe(drafts, accepted)
-                if mode is None:
+                if mode is None and (drafts or chosen == "plain"):  # as the engine: entry steps age nothing
                     self.policy.observe_request(s, drafts, accepted)
                 s.has_drafts = chosen != "plain"
+            if prev == "plain" and chosen != "plain":
+                entries += 1
+            elif prev not in (None, "plain") and chosen == "plain" and prev_prev == "plain":
+                single += 1  # left speculation right after entering it
             if mode is None:
                 timed = None if joined else seconds  # the engine times decode steps only
                 self.policy.observe(chosen, n, timed, metrics.per_position_acceptance, previous=prev)
-            prev = chosen
+            prev_prev, prev = prev, chosen
             running = [s for s in running if s.remaining > 0]
-        return {"tokens": tokens, "seconds": clock, "tokens_per_s": tokens / clock, "steps": counts}
+        return {
+            "tokens": tokens,
+            "seconds": clock,
+            "tokens_per_s": tokens / clock,
+            "steps": counts,
+            "entries": entries,  # switches from plain decoding to a speculative mode
+            "one_step_stretches": single,  # of which left again at the next decision
+        }
 
     def _spec_mode(self) -> str:
         return next(m for m in self.times.modes() if m != "plain")
@@ -371,6 +383,10 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             auto = rep.run(reqs, args.max_tokens, b, None)
             point["auto"] = auto["tokens_per_s"]
             point["auto_steps"] = auto["steps"]
+            point["auto_entries"], point["auto_one_step_stretches"] = (
+                auto["entries"],
+                auto["one_step_stretches"],
+            )
             best = max(point[m] for m in times.modes())
             point["auto_vs_plain"] = point["auto"] / point["plain"]
             point["auto_vs_best"] = point["auto"] / best

@@ -332,8 +332,10 @@ class LLMEngine(AsyncSchedulingMixin):
             if self.policy is not None:
                 if s.num_draft_tokens:
                     self.policy.observe_request(seq, s.num_draft_tokens, accepted)
-                else:
-                    unverified.append(seq)  # aged in one call below (every row of a plain step)
+                elif not inp.num_speculative_tokens:
+                    # aged in one call below (every row of a plain step); a step that starts drafting for the
+                    # request (entering speculation) is no plain step and does not age its estimate
+                    unverified.append(seq)
             if st.provisional and seq.seq_id not in st.held_out:
                 seq.token_ids.pop()  # the placeholder (computed tokens were advanced by _schedule_ahead)
             else:

@@ -31,7 +31,8 @@ are measured online per (mode, batch-size bucket). A request's MAL estimate:
   to plain decoding);
 * the policy uses G + c w (r - G), where w, the weight of the request's own evidence, is 1 after a verification
   and shrinks by ``STALE_KEEP`` (half-life ``STALE_HALF_LIFE``) for every step the request emits without
-  verifying drafts (a plain step), since a request that is not drafted for gets no new evidence; and
+  verifying drafts (a plain step), since a request that is not drafted for gets no new evidence (the step that
+  enters speculation, drafting for it without verifying, is no plain step and does not count); and
   c = n / (n + ``REQUEST_PRIOR_WEIGHT``) grows with the request's number of verifications n, so a few unlucky
   verifications early on move the estimate little and a long run of failures moves it almost all the way. A
   request put on plain for a low r is so speculated on again after a few plain steps (r = 1, G = 2.7 after 60
@@ -433,8 +434,8 @@ class SpeculationPolicy:
         The time is recorded only when this step's decision equals the previous one (``previous``: the
         decision made before this step's; default: the one before the latest decision, which is this step's
         unless the next step was decided already, as with async scheduling; see the module doc); acceptance
-        is recorded for every step that verified drafts; a step that verified none ages G's evidence
-        (``PRIOR_HALF_LIFE``)."""
+        is recorded for every step that verified drafts; a plain step that verified none ages G's evidence
+        (``PRIOR_HALF_LIFE``; a step entering speculation, drafting without verifying, does not)."""
         if seconds is not None and self.previous_mode(mode, previous) == mode:
             key = (mode, batch_bucket(num_seqs))
             if self.forced is not None:
@@ -443,7 +444,7 @@ class SpeculationPolicy:
                 self.step_times.setdefault(key, _Stat()).add(seconds, self.num_decisions)
                 self._check_probe(key, seconds)
         if not per_position_acceptance:
-            if self.prior_weight > PRIOR_MIN_WEIGHT:
+            if mode == "plain" and self.prior_weight > PRIOR_MIN_WEIGHT:
                 self.prior_weight = max(self.prior_weight * PRIOR_KEEP, PRIOR_MIN_WEIGHT)
             return
         n = max(len(self.acceptance), len(per_position_acceptance))
