@@ -103,10 +103,11 @@ class StepTimers:
         return self._timed(self._orig_execute, inp)
 
     def _describe(self, inp: Any) -> None:
-        """Describe the step ``inp`` started in this ``engine.step()`` call; a call that starts two (the first
-        call of a run: a prompt's prefill, then the next decode step launched ahead of its readback) is one
-        record of both: not a decode step (its wall time holds the prefill), their tokens summed, the second's
-        mode and launch flags."""
+        """Describe the step ``inp`` started in this ``engine.step()`` call; a call that starts two (a call
+        that finds nothing in flight - the first of a run, or after every running request finished and new ones
+        joined - starts their prefill, then, after or ahead of its readback, the next step) is one record of both:
+        not a decode step (its wall time holds the prefill), their tokens summed, the second's mode and launch
+        flags."""
         rec = self.current if self.current is not None else StepRecord()
         drafts = inp.num_draft_tokens or [0] * len(inp.query_lens)
         decode = (

@@ -203,7 +203,7 @@ def measure_point(
 
 def check_step_log(folder: str) -> Path:
     """``--step-log``'s folder, created; raises ValueError (before anything is measured) if it is a file, cannot
-    be created, or holds step logs already (appending would mix two runs' steps)."""
+    be created or written, or holds step logs already (appending would mix two runs' steps)."""
     path = Path(folder)
     if path.exists() and not path.is_dir():
         raise ValueError(f"--step-log {folder}: is a file, not a folder")
@@ -215,6 +215,14 @@ def check_step_log(folder: str) -> Path:
         raise ValueError(
             f"--step-log {folder}: holds step logs of an earlier run (*.jsonl); give a new folder"
         )
+    probe = path / ".write-test"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--step-log {folder}: cannot write there ({e.strerror})") from None
+    for old in [p for p in _step_log_rounds if p.parent == path]:  # a new run in the same process
+        del _step_log_rounds[old]
     return path
 
 
@@ -224,8 +232,8 @@ _step_log_rounds: dict[Path, int] = {}  # step-log file -> rounds written (``--r
 def write_step_log(folder: str, point: dict[str, Any], steps: list[Any]) -> Path:
     """One JSON line per step of a point (``StepRecord`` fields, times in ms, and ``round``: 0, 1, ... for the
     rounds of ``--repeats``) into ``folder/{system}_{dataset}_b{batch}.jsonl`` (path separators in the system's
-    label become ``_``)."""
-    name = f"{point['system']}_{point['dataset']}_b{point['batch_size']}.jsonl".replace(os.sep, "_")
+    label become ``%2F``)."""
+    name = f"{point['system']}_{point['dataset']}_b{point['batch_size']}.jsonl".replace(os.sep, "%2F")
     path = Path(folder) / name
     rnd = _step_log_rounds.get(path, 0)
     _step_log_rounds[path] = rnd + 1
@@ -392,6 +400,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.spec_bench"
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.step_log:
+        if args.mode != "engine":
+            parser.error("--step-log: engine mode only (server mode sees HTTP responses, not engine steps)")
         try:
             check_step_log(args.step_log)
         except ValueError as e:

@@ -16,7 +16,8 @@ are measured online per (mode, batch-size bucket). A request's MAL estimate:
   optimistic (1 + k: every draft accepted), so a fresh engine speculates until it knows what drafts are worth
   here (the warm-up profile's dummy prompt does not set G, see ``finish_profile``): G is learnt only from
   verifications, and an engine that starts on plain decoding learns it only from probes. G's evidence ages:
-  each step that verifies nothing multiplies the number of verifications G stands for (at most
+  each plain step that verifies nothing (and that the engine reports: ``observe`` is not called for steps with a
+  prompt chunk that does not end its prompt) multiplies the number of verifications G stands for (at most
   ``PRIOR_WINDOW``) by ``PRIOR_KEEP`` (half-life ``PRIOR_HALF_LIFE`` steps, floor ``PRIOR_MIN_WEIGHT``), so after
   a plain stretch a probe's fresh verifications weigh against a few old ones, not ``PRIOR_WINDOW`` of them. A
   workload shift is thus learnt from a few probes (session 30, H100: after MT-Bench, MAL 1.95, ``auto`` ran
@@ -31,8 +32,9 @@ are measured online per (mode, batch-size bucket). A request's MAL estimate:
   to plain decoding);
 * the policy uses G + c w (r - G), where w, the weight of the request's own evidence, is 1 after a verification
   and shrinks by ``STALE_KEEP`` (half-life ``STALE_HALF_LIFE``) for every step the request emits without
-  verifying drafts (a plain step), since a request that is not drafted for gets no new evidence (the step that
-  enters speculation, drafting for it without verifying, is no plain step and does not count); and
+  verifying drafts in a plain step (no drafts asked for anyone), since a request that is not drafted for gets no
+  new evidence (a speculative step in which the request verifies nothing - the step entering speculation, or an
+  n-gram request with no match in the previous step - does not age it since session 30); and
   c = n / (n + ``REQUEST_PRIOR_WEIGHT``) grows with the request's number of verifications n, so a few unlucky
   verifications early on move the estimate little and a long run of failures moves it almost all the way. A
   request put on plain for a low r is so speculated on again after a few plain steps (r = 1, G = 2.7 after 60
@@ -137,9 +139,9 @@ SPEC_MARGIN = 1.05  # speculation is chosen over plain decoding only if its expe
 PRIOR_WINDOW = 128  # verifications (all requests) behind the prior MAL: ~3 GSM8K requests at batch 1
 STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a request's own MAL estimate
 STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
-PRIOR_HALF_LIFE = 128  # steps without a verification that halve the weight of G's evidence
+PRIOR_HALF_LIFE = 128  # plain steps without a verification that halve the weight of G's evidence
 PRIOR_KEEP = 0.5 ** (1 / PRIOR_HALF_LIFE)
-PRIOR_MIN_WEIGHT = 32.0  # G's evidence never weighs less than this many verifications (16: probes' noise)
+PRIOR_MIN_WEIGHT = 32.0  # aging never takes G's evidence below this many verifications (16: probes' noise)
 
 
 def entry_factor(tokens_per_step: float) -> float:

@@ -214,7 +214,8 @@ class SpecDecodeWorker:
         drafts...]`` (no drafts is fine: the first step of speculation) with logits on every row (checked
         first: no per-token work), or such queries next to prompt chunks (``_mixed_layout``). A
         step that verifies drafts but proposes none (the policy switching to plain decoding) runs here too:
-        the drafter then only updates its state (``propose_on_device`` with ``num_speculative_tokens == 0``)."""
+        the drafter then only updates its state (``propose_on_device`` with ``num_speculative_tokens == 0``), or,
+        with a captured tail (``_fused_for``), the tail runs whole and its drafts are dropped."""
         if not (
             self.device_verification
             and self.drafter.proposes_on_device

@@ -143,6 +143,9 @@ def test_step_log_folder_is_checked_before_measuring(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             spec_bench.main(["--device", "cpu", "--step-log", str(bad), "--output", str(tmp_path / "r.json")])
         assert e.value.code == 2 and why in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # server mode has no engine steps to log
+        spec_bench.main(["--mode", "server", "--step-log", str(tmp_path / "new"), "--url", "a=http://x"])
+    assert e.value.code == 2 and "engine mode only" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()  # nothing was measured
 
 

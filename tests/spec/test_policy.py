@@ -458,7 +458,7 @@ def test_a_bad_profile_prompt_does_not_hold_a_good_workload_on_plain():
 def test_a_workload_shift_is_learnt_from_probes_after_a_plain_stretch(monkeypatch, aging):
     """Session 30 (H100, spec_bench): after MT-Bench (MAL ~1.95) the engine's ``auto`` ran GSM8K (MAL ~3.2) at
     batch 4 almost entirely on plain decoding (3 speculative steps of 1027; always-decoupled was 1.40x plain):
-    G rested on ~PRIOR_WINDOW old verifications and each probe added a handful. G's evidence now ages over steps
+    G rested on ~PRIOR_WINDOW old verifications and each probe added a handful. G's evidence now ages over plain steps
     that verify nothing (half-life ``PRIOR_HALF_LIFE``, floor ``PRIOR_MIN_WEIGHT``), so after a plain stretch
     probes' verifications weigh against PRIOR_MIN_WEIGHT old ones and decide; without aging (the control), against
     PRIOR_WINDOW old ones, they do not."""
