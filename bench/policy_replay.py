@@ -292,6 +292,9 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
     return p
 
 
+ZERO_MEANS_OFF = frozenset({"PROBE_BUDGET"})  # policy constants whose 0 is documented ("0 = no limit")
+
+
 def apply_overrides(pairs: list[str]) -> dict[str, float]:
     """Set module constants of ``flexspec.spec.policy`` (``NAME=VALUE``); ``STALE_KEEP`` follows
     ``STALE_HALF_LIFE``, ``PRIOR_KEEP`` ``PRIOR_HALF_LIFE``. Raises ValueError for a name the module does not define."""
@@ -309,8 +312,15 @@ def apply_overrides(pairs: list[str]) -> dict[str, float]:
             number = float(value)
         except ValueError:
             raise ValueError(f"--set {pair!r}: {value!r} is not a number") from None
-        if not math.isfinite(number) or number <= 0 or (isinstance(old, int) and number != int(number)):
-            raise ValueError(f"--set {pair!r}: {name} takes a positive {type(old).__name__}")
+        zero_ok = name in ZERO_MEANS_OFF
+        if (
+            not math.isfinite(number)
+            or number < 0
+            or (number == 0 and not zero_ok)
+            or (isinstance(old, int) and number != int(number))
+        ):
+            kind = "non-negative" if zero_ok else "positive"
+            raise ValueError(f"--set {pair!r}: {name} takes a {kind} {type(old).__name__}")
         setattr(policy, name, type(old)(number))
         done[name] = getattr(policy, name)
         if name == "STALE_HALF_LIFE":

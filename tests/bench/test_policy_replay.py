@@ -111,15 +111,16 @@ def test_steps_that_prefill_cost_what_spec_bench_measured(tmp_path):
 def test_overrides_name_real_constants():
     from flexspec.spec import policy
 
-    old = policy.REQUEST_PRIOR_WEIGHT, policy.STALE_HALF_LIFE, policy.STALE_KEEP
+    old = policy.REQUEST_PRIOR_WEIGHT, policy.STALE_HALF_LIFE, policy.STALE_KEEP, policy.PROBE_BUDGET
     try:
         assert apply_overrides(["REQUEST_PRIOR_WEIGHT=32", "STALE_HALF_LIFE=4"]) == {
             "REQUEST_PRIOR_WEIGHT": 32,
             "STALE_HALF_LIFE": 4,
         }
         assert policy.STALE_KEEP == pytest.approx(0.5**0.25)
+        assert apply_overrides(["PROBE_BUDGET=0"]) == {"PROBE_BUDGET": 0.0}  # documented: 0 = no limit
     finally:
-        policy.REQUEST_PRIOR_WEIGHT, policy.STALE_HALF_LIFE, policy.STALE_KEEP = old
+        policy.REQUEST_PRIOR_WEIGHT, policy.STALE_HALF_LIFE, policy.STALE_KEEP, policy.PROBE_BUDGET = old
     with pytest.raises(ValueError, match="NO_SUCH"):
         apply_overrides(["NO_SUCH=1"])
 
@@ -134,6 +135,7 @@ def test_overrides_name_real_constants():
         (["--set", "REQUEST_PRIOR_WEIGHT=abc"], "'abc' is not a number"),
         (["--set", "STALE_HALF_LIFE=0"], "STALE_HALF_LIFE takes a positive int"),
         (["--set", "PRIOR_HALF_LIFE=inf"], "PRIOR_HALF_LIFE takes a positive int"),
+        (["--set", "PROBE_BUDGET=-1"], "PROBE_BUDGET takes a non-negative float"),
         (["--set", "PRIOR_MIN_WEIGHT=nan"], "PRIOR_MIN_WEIGHT takes a positive float"),
         (["--set", "PRIOR_KEEP=2"], "follows PRIOR_HALF_LIFE; set that instead"),
         (["--datasets", ""], "--datasets ''"),
