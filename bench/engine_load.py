@@ -39,9 +39,7 @@ class StepRecord:
     mode: str = "plain"  # the policy's decision for the step ("plain" | "decoupled" | "parallel")
     launched: bool = False  # enqueued by ``launch`` (collected later) rather than run by ``execute``
     ahead: bool = False  # launched before the previous step was collected (async scheduling)
-    num_launched: int = (
-        0  # model steps started in this call (2: e.g. a prompt's prefill, then a decode ahead)
-    )
+    num_launched: int = 0  # model steps started in this call (2: a prefill, then the next step)
 
 
 class StepTimers:

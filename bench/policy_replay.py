@@ -393,10 +393,8 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             auto = rep.run(reqs, args.max_tokens, b, None)
             point["auto"] = auto["tokens_per_s"]
             point["auto_steps"] = auto["steps"]
-            point["auto_entries"], point["auto_one_step_stretches"] = (
-                auto["entries"],
-                auto["one_step_stretches"],
-            )
+            point["auto_entries"] = auto["entries"]
+            point["auto_one_step_stretches"] = auto["one_step_stretches"]
             best = max(point[m] for m in times.modes())
             point["auto_vs_plain"] = point["auto"] / point["plain"]
             point["auto_vs_best"] = point["auto"] / best

@@ -187,7 +187,7 @@ def measure_point(
         token_ids=res.token_ids,
     )
     if args.step_log:
-        write_step_log(args.step_log, point, res.steps)
+        write_step_log(args.step_log, point, res.steps, args.step_log_rounds)
     if policy is not None:  # how often the per-batch policy chose each mode during this point
         point["policy_decisions"] = {
             m: c - modes_before.get(m, 0) for m, c in policy.mode_counts.items() if c > modes_before.get(m, 0)
@@ -221,22 +221,17 @@ def check_step_log(folder: str) -> Path:
         probe.unlink()
     except OSError as e:
         raise ValueError(f"--step-log {folder}: cannot write there ({e.strerror})") from None
-    for old in [p for p in _step_log_rounds if p.parent == path]:  # a new run in the same process
-        del _step_log_rounds[old]
     return path
 
 
-_step_log_rounds: dict[Path, int] = {}  # step-log file -> rounds written (``--repeats``)
-
-
-def write_step_log(folder: str, point: dict[str, Any], steps: list[Any]) -> Path:
+def write_step_log(folder: str, point: dict[str, Any], steps: list[Any], rounds: dict[Path, int]) -> Path:
     """One JSON line per step of a point (``StepRecord`` fields, times in ms, and ``round``: 0, 1, ... for the
-    rounds of ``--repeats``) into ``folder/{system}_{dataset}_b{batch}.jsonl`` (path separators in the system's
-    label become ``%2F``)."""
+    rounds of ``--repeats``, counted in ``rounds``: file -> rounds written in this run) into
+    ``folder/{system}_{dataset}_b{batch}.jsonl`` (path separators in the system's label become ``%2F``)."""
     name = f"{point['system']}_{point['dataset']}_b{point['batch_size']}.jsonl".replace(os.sep, "%2F")
     path = Path(folder) / name
-    rnd = _step_log_rounds.get(path, 0)
-    _step_log_rounds[path] = rnd + 1
+    rnd = rounds.get(path, 0)
+    rounds[path] = rnd + 1
     with path.open("a") as f:
         for r in steps:
             rec = {"round": rnd, **dataclasses.asdict(r)}
@@ -406,6 +401,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.spec_bench"
             check_step_log(args.step_log)
         except ValueError as e:
             parser.error(str(e))
+    args.step_log_rounds = {}  # step-log file -> rounds written (``--repeats``)
     apply_cpu_threads(args.cpu_threads)
     budget = Budget(args.time_budget_s)
     systems = expand_configs(args.speculative_config, args.sweep_num_speculative_tokens)
@@ -415,7 +411,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.spec_bench"
             "schema": "flexspec.bench.spec/1",
             "env": environment(),
             "config": {
-                k: v for k, v in vars(args).items() if k not in ("speculative_config", "output", "plots")
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("speculative_config", "output", "plots", "step_log_rounds")
             },
             "systems": [{"label": "plain", "config": None}] + systems,
             "runs": [],

@@ -216,17 +216,22 @@ class SpecDecodeWorker:
         step that verifies drafts but proposes none (the policy switching to plain decoding) runs here too:
         the drafter then only updates its state (``propose_on_device`` with ``num_speculative_tokens == 0``), or,
         with a captured tail (``_fused_for``), the tail runs whole and its drafts are dropped."""
-        if not (
+        if not self._device_capable(inp):
+            return False
+        if _decode_queries_only(inp):
+            return True
+        return inp.spec_mode != "parallel" and _mixed_layout(inp)
+
+    def _device_capable(self, inp: ModelInput) -> bool:
+        """``_runs_on_device``'s conditions other than the step's layout: device verification on, a drafter that
+        drafts on the device, one rank, and no sequence with a proposal distribution pending."""
+        return bool(
             self.device_verification
             and self.drafter.proposes_on_device
             and self.runner.tp.size == 1
             and inp.seq_ids
             and not (self.pending_probs and any(sid in self.pending_probs for sid in inp.seq_ids))
-        ):
-            return False
-        if _decode_queries_only(inp):
-            return True
-        return inp.spec_mode != "parallel" and _mixed_layout(inp)
+        )
 
     def can_launch(self, inp: ModelInput) -> bool:
         """Whether ``inp`` is a verification step that ``launch`` can enqueue and ``collect`` finish later
@@ -285,7 +290,7 @@ class SpecDecodeWorker:
             return None  # a plain step (the runner's own path)
         if inp.num_logprobs is not None or inp.prev_token_rows is not None:
             return None
-        if not _decode_queries_only(inp) or not self._runs_on_device(inp):
+        if not _decode_queries_only(inp) or not self._device_capable(inp):  # = _runs_on_device, layout once
             return None
         if any(row[0] != 0.0 for row in inp.sampling_rows):
             return None
