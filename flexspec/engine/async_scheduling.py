@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from flexspec.engine.model_input import PLACEHOLDER_TOKEN_ID, ModelInput
 from flexspec.engine.scheduler import SchedulerOutput
+from flexspec.engine.sequence import SequenceStatus
 from flexspec.spec.policy import Decision
+
+FINISHED = SequenceStatus.FINISHED
 
 if TYPE_CHECKING:
     from flexspec.engine.llm_engine import _Step
@@ -55,16 +58,15 @@ class AsyncSchedulingMixin:
         instead, so that nothing is computed for it. Returns the next step's batch (possibly empty); ``_step``
         launches it at once when it is a pure decode step of ``st``'s sequences (ids gathered on the device),
         otherwise after ``st`` is collected (``_step_after``). ``st`` must be a plain step (``_is_plain``)."""
-        max_model_len = self.config.max_model_len
         held_out: list[int] = []
         running = self.scheduler.running
         for s, samples in zip(st.sched.scheduled, st.inp.samples):
             seq = s.seq
-            if seq.is_finished:
+            if seq.status is FINISHED:
                 continue
             if not samples:
                 seq.num_computed_tokens += s.num_new_tokens
-            elif seq.num_output_tokens + 1 >= seq.params.max_tokens or len(seq) + 1 >= max_model_len:
+            elif len(seq.token_ids) + 1 >= seq.max_len:  # st's token reaches max_tokens or max_model_len
                 held_out.append(seq.seq_id)
                 running.remove(seq)  # finished by _append_ids when st is collected
             else:
@@ -72,7 +74,8 @@ class AsyncSchedulingMixin:
                 seq.token_ids.append(PLACEHOLDER_TOKEN_ID)
                 # st proposes nothing: after it the sequence has no drafts (stale ones from an earlier step
                 # that st did not verify, e.g. for lack of token budget, must not be scheduled on top of it)
-                seq.draft_token_ids = []
+                if seq.draft_token_ids:
+                    seq.draft_token_ids = []
         st.provisional, st.held_out = True, frozenset(held_out)
         # Never preempt here: a request that ends on EOS / a stop string with ``st``'s token still holds its
         # blocks, so preempting now could evict a request that scheduling after ``st`` would keep; such a step

@@ -63,6 +63,8 @@ class StagedInputs:
         self.host_buffer = torch.zeros(offset, dtype=torch.int64, pin_memory=cuda)
         self.device_buffer = torch.zeros(offset, dtype=torch.int64, device=device)
         self._host_np = self.host_buffer.numpy()
+        # ``_stage_block_tables``' record of the block-table rows written (the host buffer keeps them)
+        self.table_rows: list[tuple[list[int] | None, int]] = []
         self._sent = torch.cuda.Event() if cuda else None
 
     def host(self, name: str) -> np.ndarray:
@@ -107,35 +109,64 @@ def stage_decode_inputs(
     bs = next(b for b in batch_sizes if b >= S)
     ids, pos, slots = stage.host("input_ids"), stage.host("positions"), stage.host("slot_mapping")
     ctx = stage.host("context_lens")
-    tables = stage.host("block_tables").reshape(-1, max_blocks)
     m = S * q
     if q == 1:  # one token per sequence: the layout is the input's
         ids[:S], pos[:S], slots[:S] = inp.input_ids, inp.positions, inp.slot_mapping
-        rows: list[int] | range = range(S)
-    else:
-        p_ids: list[int] = []
-        p_pos: list[int] = []
-        p_slots: list[int] = []
-        rows = []
-        r = 0
-        for s, n in enumerate(inp.query_lens):
-            p_ids += inp.input_ids[r : r + n] + [0] * (q - n)
-            last = inp.positions[r + n - 1]
-            p_pos += inp.positions[r : r + n] + [min(last + 1 + i, max_position) for i in range(q - n)]
-            p_slots += inp.slot_mapping[r : r + n] + [-1] * (q - n)
-            rows += range(s * q, s * q + n)
-            r += n
-        ids[:m], pos[:m], slots[:m] = p_ids, p_pos, p_slots
+        rows: np.ndarray | range = range(S)
+    else:  # token t of sequence s goes to row s * q + (t - first token of s); numpy: ~0.6 ms as Python at S=64
+        query_lens = np.asarray(inp.query_lens, dtype=np.int64)  # [S]
+        ends = np.cumsum(query_lens)  # [S] exclusive end of each sequence's tokens
+        firsts = ends - query_lens
+        rows = np.repeat(np.arange(S, dtype=np.int64) * q - firsts, query_lens)  # [T] minus the token index
+        rows += np.arange(len(rows), dtype=np.int64)
+        positions = np.asarray(inp.positions, dtype=np.int64)  # [T]
+        # pads continue after each sequence's last real position (capped), real rows overwritten below
+        pad = positions[ends - 1, None] + 1 + (np.arange(q, dtype=np.int64)[None, :] - query_lens[:, None])
+        pos[:m] = np.minimum(pad, max_position).reshape(-1)
+        ids[:m], slots[:m] = 0, -1
+        ids[rows], pos[rows], slots[rows] = inp.input_ids, positions, inp.slot_mapping
         stage.host("token_rows")[: len(rows)] = rows
     ctx[:S] = inp.context_lens
-    for s, b in enumerate(inp.block_tables):  # columns past a row's context are never read
-        tables[s, : len(b)] = b
+    _stage_block_tables(stage, inp.block_tables, max_blocks)
     if bs > S:  # dummy sequences: write nothing, read nothing
         ids[m : bs * q], pos[m : bs * q], slots[m : bs * q], ctx[S:bs] = 0, 0, -1, 0
     direct = q == 1 and len(inp.logits_indices) == S
     if not direct:
-        stage.host("logits_rows")[: len(inp.logits_indices)] = [rows[i] for i in inp.logits_indices]
+        if q == 1:
+            stage.host("logits_rows")[: len(inp.logits_indices)] = inp.logits_indices
+        else:
+            stage.host("logits_rows")[: len(inp.logits_indices)] = rows[inp.logits_indices]  # type: ignore[index]
     return bs, direct
+
+
+def _stage_block_tables(stage: StagedInputs, block_tables: list[list[int]], max_blocks: int) -> None:
+    """Write each sequence's block table into its row of ``stage``'s ``block_tables`` region
+    (``write_table_rows``)."""
+    write_table_rows(stage.host("block_tables").reshape(-1, max_blocks), stage.table_rows, block_tables)
+
+
+def write_table_rows(
+    dest: np.ndarray, written: list[tuple[list[int] | None, int]], tables: list[list[int]]
+) -> None:
+    """Write ``tables[s]`` into row s of ``dest`` (a staged host buffer that keeps its contents between steps),
+    skipping what an earlier call already wrote there. ``written`` records per row the list written last and
+    how many of its entries; a row that holds the same list object again gets only its new entries. For block
+    tables: a sequence's table only grows, and freeing its blocks gives it a new list (``BlockManager.free``,
+    ``DraftKVCache.free``). Entries past a row's length may be stale (another sequence's): block tables are
+    never read past a sequence's context. At batch 64 with ~40 blocks per sequence, rewriting every row cost
+    ~70 us per step on a 2-core CPU, ~10 us this way."""
+    if len(written) < len(tables):
+        written.extend([(None, 0)] * (len(tables) - len(written)))
+    for s, b in enumerate(tables):
+        prev, n = written[s]
+        k = len(b)
+        if prev is not b:
+            dest[s, :k] = b
+        elif k > n:
+            dest[s, n:k] = b[n:]
+        else:
+            continue
+        written[s] = (b, k)
 
 
 class DecodeGraphs:

@@ -16,13 +16,15 @@ from flexspec.engine.detokenizer import IncrementalDetokenizer, find_stop
 from flexspec.engine.executor import Executor, LocalExecutor
 from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.outputs import RequestOutput
-from flexspec.engine.scheduler import Scheduler, SchedulerOutput
-from flexspec.engine.sequence import Sequence, TokenLogprob
+from flexspec.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
+from flexspec.engine.sequence import Sequence, SequenceStatus, TokenLogprob
 from flexspec.errors import ContextLengthExceededError, InvalidRequestError
 from flexspec.models.spec import ModelSpec
 from flexspec.spec.metrics import SpecDecodingMetrics
 from flexspec.spec.policy import Decision, SpeculationPolicy
 from flexspec.spec.warmup import profile_speculation
+
+FINISHED = SequenceStatus.FINISHED
 
 
 @dataclass
@@ -159,7 +161,14 @@ class LLMEngine(AsyncSchedulingMixin):
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.seqs:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
-        seq = Sequence(request_id, ids, params, seed=self._rng.getrandbits(62))
+        seq = Sequence(
+            request_id,
+            ids,
+            params,
+            seed=self._rng.getrandbits(62),
+            max_model_len=self.config.max_model_len,
+            eos_token_ids=self.eos_token_ids,
+        )
         self.seqs[request_id] = seq
         self._seqs_by_id[seq.seq_id] = seq
         self.detok[request_id] = IncrementalDetokenizer(self.tokenizer, ids)
@@ -184,7 +193,60 @@ class LLMEngine(AsyncSchedulingMixin):
         """The step's flattened input; ``decision`` is the speculation policy's for this batch (decided here
         when not given)."""
         bs = self.config.kv_block_size
-        max_model_len = self.config.max_model_len
+        scheduled = sched.scheduled
+        if all(s.num_new_tokens == 1 and s.num_draft_tokens == 0 for s in scheduled):
+            inp = self._plain_decode_input(scheduled, bs)
+        else:
+            inp = self._general_input(scheduled, bs)
+        if self.policy is not None:
+            decision = decision or self.policy.decide(sched)
+            inp.num_speculative_tokens = decision.num_speculative_tokens
+            inp.spec_mode = decision.mode
+        inp.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
+        for sid in inp.finished_seq_ids:
+            self._seqs_by_id.pop(sid, None)
+        return inp
+
+    @staticmethod
+    def _plain_decode_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
+        """``build_model_input`` for a batch of one new token per sequence and no drafts (most steps of plain
+        decoding; a prompt's last token alone counts too): the same input, built column by column."""
+        seqs = [s.seq for s in scheduled]
+        positions = [seq.num_computed_tokens for seq in seqs]
+        tables = [seq.block_table for seq in seqs]
+        n = len(seqs)
+        # A sequence samples when its one new token is its last: every decode step; not a prompt chunk.
+        samples = [p + 1 == len(seq.token_ids) for seq, p in zip(seqs, positions)]
+        inp = ModelInput(
+            input_ids=[seq.token_ids[p] for seq, p in zip(seqs, positions)],
+            positions=positions,
+            slot_mapping=[t[p // bs] * bs + p % bs for t, p in zip(tables, positions)],
+            block_tables=tables,
+            context_lens=list(positions),
+            query_lens=[1] * n,
+            logits_indices=[],
+            seq_ids=[seq.seq_id for seq in seqs],
+            num_draft_tokens=[0] * n,
+            samples=samples,
+            max_lens=[seq.max_len for seq in seqs],
+        )
+        num_logprobs: int | None = None
+        rows = inp.sampling_rows
+        for i, seq in enumerate(seqs):
+            if samples[i]:
+                p = seq.params
+                inp.logits_indices.append(i)
+                rows.append(
+                    (p.temperature, p.top_p, p.top_k, seq.seed, positions[i] + 1 - seq.num_prompt_tokens)
+                )
+                if p.logprobs is not None:
+                    num_logprobs = max(num_logprobs or 0, p.logprobs)
+        inp.num_logprobs = num_logprobs
+        return inp
+
+    @staticmethod
+    def _general_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
+        """``build_model_input`` for any batch: prompt chunks, decode and verification queries."""
         inp = ModelInput([], [], [], [], [], [], [])
         ids, positions, slots, logits_indices, rows = (
             inp.input_ids,
@@ -194,7 +256,7 @@ class LLMEngine(AsyncSchedulingMixin):
             inp.sampling_rows,
         )
         num_logprobs: int | None = None
-        for s in sched.scheduled:
+        for s in scheduled:
             seq = s.seq
             start = seq.num_computed_tokens
             n, d = s.num_new_tokens, s.num_draft_tokens
@@ -207,9 +269,15 @@ class LLMEngine(AsyncSchedulingMixin):
                 slots.append(table[start // bs] * bs + start % bs)
             else:
                 ids.extend(s.token_ids)
-                for pos in range(start, start + n):
-                    positions.append(pos)
-                    slots.append(table[pos // bs] * bs + pos % bs)
+                end = start + n
+                positions.extend(range(start, end))
+                # slots block by block: one range per KV block the tokens fall in
+                pos = start
+                while pos < end:
+                    stop = min(end, (pos // bs + 1) * bs)
+                    base = table[pos // bs] * bs - (pos // bs) * bs
+                    slots.extend(range(base + pos, base + stop))
+                    pos = stop
             inp.block_tables.append(table)
             inp.context_lens.append(start)
             inp.query_lens.append(n)
@@ -217,7 +285,7 @@ class LLMEngine(AsyncSchedulingMixin):
             inp.num_draft_tokens.append(d)
             inp.samples.append(samples)
             p = seq.params
-            inp.max_lens.append(min(seq.num_prompt_tokens + p.max_tokens, max_model_len))
+            inp.max_lens.append(seq.max_len)
             if samples:
                 num_out = len(seq.token_ids) - seq.num_prompt_tokens
                 for j in range(d + 1):
@@ -226,13 +294,6 @@ class LLMEngine(AsyncSchedulingMixin):
                 if p.logprobs is not None:
                     num_logprobs = max(num_logprobs or 0, p.logprobs)
         inp.num_logprobs = num_logprobs
-        if self.policy is not None:
-            decision = decision or self.policy.decide(sched)
-            inp.num_speculative_tokens = decision.num_speculative_tokens
-            inp.spec_mode = decision.mode
-        inp.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
-        for sid in inp.finished_seq_ids:
-            self._seqs_by_id.pop(sid, None)
         return inp
 
     def _token_ids_of(self, seq_id: int) -> list[int] | None:
@@ -309,45 +370,51 @@ class LLMEngine(AsyncSchedulingMixin):
         step_metrics = SpecDecodingMetrics()
         appended: list[_Appended] = []
         unverified: list[Sequence] = []  # emitting requests whose drafts were not verified this step
+        policy = self.policy
+        plain = not inp.num_speculative_tokens
+        provisional, held_out = st.provisional, st.held_out
+        token_rows, lps_rows, tops_rows = out.token_ids, out.logprobs, out.top_logprobs
+        draft_rows = out.draft_token_ids
         i = 0
         # inp.samples: as scheduled. Never recompute it from the sequence here: an abort while the step was in
         # flight resets the sequence (its row must still be consumed, or later rows shift onto other requests).
         for s, samples in zip(sched.scheduled, inp.samples):
             seq = s.seq
             if not samples:
-                if not seq.is_finished and not st.provisional:
+                if seq.status is not FINISHED and not provisional:
                     seq.num_computed_tokens += s.num_new_tokens
                 continue
-            tokens = out.token_ids[i]
-            lps_row = out.logprobs[i] if out.logprobs is not None else None
-            tops_row = out.top_logprobs[i] if out.top_logprobs is not None else None
-            drafts = out.draft_token_ids[i] if out.draft_token_ids is not None else []
+            tokens = token_rows[i]
+            drafts = draft_rows[i] if draft_rows is not None else []
+            lps = None
+            if lps_rows is not None and seq.params.logprobs is not None:
+                k = seq.params.logprobs
+                lps = [TokenLogprob(t, lp, top[:k]) for t, lp, top in zip(tokens, lps_rows[i], tops_rows[i])]  # type: ignore[index]
             i += 1
-            if seq.is_finished:  # aborted while its step was in flight
+            if seq.status is FINISHED:  # aborted while its step was in flight
                 continue
+            d = s.num_draft_tokens
             accepted = len(tokens) - 1
-            if accepted > s.num_draft_tokens:
-                raise RuntimeError(f"executor emitted {len(tokens)} tokens for {s.num_draft_tokens} drafts")
-            step_metrics.observe(s.num_draft_tokens, accepted)
-            if self.policy is not None:
-                if s.num_draft_tokens:
-                    self.policy.observe_request(seq, s.num_draft_tokens, accepted)
-                elif not inp.num_speculative_tokens:
+            if accepted > d:
+                raise RuntimeError(f"executor emitted {len(tokens)} tokens for {d} drafts")
+            if d:
+                step_metrics.observe(d, accepted)
+            if policy is not None:
+                if d:
+                    policy.observe_request(seq, d, accepted)
+                elif plain:
                     # aged in one call below (every row of a plain step); a step that starts drafting for the
                     # request (entering speculation) is no plain step and does not age its estimate
                     unverified.append(seq)
-            if st.provisional and seq.seq_id not in st.held_out:
+            if provisional and seq.seq_id not in held_out:
                 seq.token_ids.pop()  # the placeholder (computed tokens were advanced by _schedule_ahead)
             else:
                 # K/V of rejected drafts stay in the cache but are overwritten: only accepted positions count.
-                seq.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens + accepted
-            lps = None
-            if lps_row is not None and seq.params.logprobs is not None:
-                n = seq.params.logprobs
-                lps = [TokenLogprob(t, lp, top[:n]) for t, lp, top in zip(tokens, lps_row, tops_row)]  # type: ignore[arg-type]
+                seq.num_computed_tokens += s.num_new_tokens - d + accepted
             appended.append(self._append_ids(seq, tokens, lps))
-            seq.draft_token_ids = [] if seq.is_finished else list(drafts)
-            if seq.seq_id in st.held_out and not seq.is_finished:
+            finished = seq.status is FINISHED
+            seq.draft_token_ids = [] if finished else list(drafts)
+            if not finished and seq.seq_id in held_out:
                 raise RuntimeError(f"request {seq.request_id} was held out of scheduling but did not finish")
         if i != len(out.token_ids):
             raise RuntimeError(f"step returned {len(out.token_ids)} token rows for {i} sampling sequences")
@@ -385,21 +452,28 @@ class LLMEngine(AsyncSchedulingMixin):
         for requests with stop strings (they need it to stop); the others decode in ``_emit``."""
         p = seq.params
         detok = self.detok[seq.request_id]
+        token_ids = seq.token_ids
         with_text = bool(p.stop)
+        if len(tokens) == 1 and not with_text and logprobs is None:  # a plain decode step's common case
+            tok = tokens[0]
+            if tok not in seq.stop_token_set and len(token_ids) + 1 < seq.max_len:  # does not finish
+                token_ids.append(tok)
+                self.stats.num_generation_tokens += 1
+                return _Appended(seq, detok, [tok], [], False)
         new_ids: list[int] = []
         new_lps: list[TokenLogprob] = []
         reason: str | None = None
         stopped_by_token = False
         for i, tok in enumerate(tokens):
-            seq.token_ids.append(tok)
+            token_ids.append(tok)
             new_ids.append(tok)
             if logprobs is not None:
                 new_lps.append(logprobs[i])
                 seq.logprobs.append(logprobs[i])
-            if tok in self.eos_token_ids and not p.ignore_eos:
+            if tok in seq.stop_token_set:
                 reason, stopped_by_token = "stop", True
-            elif tok in p.stop_token_ids:
-                reason, stopped_by_token, seq.stop_reason = "stop", True, tok
+                if tok in p.stop_token_ids and (p.ignore_eos or tok not in self.eos_token_ids):
+                    seq.stop_reason = tok
             if with_text and reason is None:  # a stop token's own text is not part of the output (vLLM)
                 delta = detok.add(tok)
                 cut = find_stop(detok.text, len(delta), p.stop)
@@ -407,9 +481,7 @@ class LLMEngine(AsyncSchedulingMixin):
                     seq.stop_reason = min((s for s in p.stop if detok.text.startswith(s, cut)), key=len)
                     detok.text = detok.text[:cut]
                     reason = "stop"
-            if reason is None and (
-                seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len
-            ):
+            if reason is None and len(token_ids) >= seq.max_len:  # max_tokens or max_model_len
                 reason = "length"
             if reason is not None:
                 break
@@ -423,18 +495,32 @@ class LLMEngine(AsyncSchedulingMixin):
     def _emit(self, a: _Appended) -> RequestOutput:
         """Detokenize what ``_append_ids`` left and build the request's output."""
         seq = a.seq
+        detok = a.detok
         if not a.text_done:
             for tok in a.new_ids[:-1] if a.stopped_by_token else a.new_ids:
-                a.detok.add(tok)
-        seq.output_text = a.detok.text
-        if seq.is_finished:
+                detok.add(tok)
+        text = seq.output_text = detok.text
+        finished = seq.status is FINISHED
+        if finished:
             self.detok.pop(seq.request_id, None)
         # Stream only text that can no longer become the start of a stop string.
-        hold = 0 if seq.is_finished else max((len(s) - 1 for s in seq.params.stop), default=0)
-        end = max(seq.num_text_sent, len(seq.output_text) - hold)
-        new_text = seq.output_text[seq.num_text_sent : end]
+        sent = seq.num_text_sent
+        end = max(sent, len(text) - (0 if finished else seq.stop_text_hold))
         seq.num_text_sent = end
-        return self._output(seq, a.new_ids, new_text, a.new_lps)
+        return RequestOutput(
+            seq.request_id,
+            seq.prompt_token_ids,
+            None,
+            text,
+            a.new_ids,
+            text[sent:end],
+            a.new_lps,
+            finished,
+            seq.finish_reason,
+            seq.stop_reason,
+            # sliced when read: the token list only grows past len(seq) (RequestOutput's docstring)
+            token_source=(seq.token_ids, seq.num_prompt_tokens, len(seq.token_ids)),
+        )
 
     def _output(
         self, seq: Sequence, new_ids: list[int], new_text: str, lps: list[TokenLogprob]

@@ -16,7 +16,7 @@ from flexspec.engine.block_manager import BlockManager
 from flexspec.engine.sequence import Sequence, SequenceStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSequence:
     seq: Sequence
     num_new_tokens: int  # tokens computed this step, draft tokens included
@@ -125,17 +125,23 @@ class Scheduler:
         bm = self.block_manager
 
         block_size = bm.block_size
+        running = SequenceStatus.RUNNING
         for seq in list(self.running):
-            if seq.status is not SequenceStatus.RUNNING or budget == 0:
+            if budget == 0:
+                break
+            if seq.status is not running:
                 continue
             computed = seq.num_computed_tokens
             uncomputed = len(seq.token_ids) - computed
             if defer_decodes and uncomputed <= 1:
                 continue  # a decode / verification query: it waits for the prefill step
-            # Draft tokens must fit the budget and max_model_len; otherwise verify fewer of them.
             room = min(budget, max_len - computed)
-            drafts = max(0, min(len(seq.draft_token_ids), room - uncomputed))
-            n = min(uncomputed + drafts, room)
+            if seq.draft_token_ids:
+                # Draft tokens must fit the budget and max_model_len; otherwise verify fewer of them.
+                drafts = max(0, min(len(seq.draft_token_ids), room - uncomputed))
+                n = min(uncomputed + drafts, room)
+            else:
+                drafts, n = 0, min(uncomputed, room)
             if computed + n > len(seq.block_table) * block_size:  # needs new blocks (most steps do not)
                 if not preempt and not bm.can_allocate(seq, computed + n):
                     return None

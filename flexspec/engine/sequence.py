@@ -32,7 +32,13 @@ class Sequence:
     """
 
     def __init__(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        max_model_len: int | None = None,
+        eos_token_ids: frozenset[int] | set[int] = frozenset(),
     ) -> None:
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
@@ -43,6 +49,15 @@ class Sequence:
         self.block_table: list[int] = []
         self.status = SequenceStatus.WAITING
         self.params = params
+        # Derived once from the (frozen) params, read on every step by the engine's hot loops:
+        # the length at which the sequence stops (max_tokens, capped by max_model_len) ...
+        max_len = self.num_prompt_tokens + params.max_tokens
+        self.max_len = max_len if max_model_len is None else min(max_len, max_model_len)
+        # ... the token ids that end it (EOS unless ignored, and the stop token ids) ...
+        stop_ids = frozenset(params.stop_token_ids)
+        self.stop_token_set = stop_ids if params.ignore_eos else stop_ids | frozenset(eos_token_ids)
+        # ... and how many trailing characters of its text streaming holds back (a stop string could start there)
+        self.stop_text_hold = max((len(s) - 1 for s in params.stop), default=0)
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.logprobs: list[TokenLogprob] = []

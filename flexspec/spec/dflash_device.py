@@ -27,6 +27,17 @@ def int64_rows(rows) -> torch.Tensor:
     return torch.from_numpy(np.array(rows, dtype=np.int64))
 
 
+def padded_meta(rows: list[list[int]], tables: list[list[int]]) -> np.ndarray:
+    """``plan_device_step``'s meta rows [S, 6] and drafter block tables as one int64 array [S, 6 + W], tables
+    padded with 0 to the longest (W >= 1)."""
+    width = max(map(len, tables), default=0) or 1
+    out = np.zeros((len(rows), 6 + width), dtype=np.int64)
+    out[:, :6] = rows
+    for s, t in enumerate(tables):
+        out[s, 6 : 6 + len(t)] = t
+    return out
+
+
 class DFlashDeviceStep:
     """The device-side step of ``DFlashDrafter`` (a mixin: the drafter's cache, graphs and model are its)."""
 
@@ -56,9 +67,9 @@ class DFlashDeviceStep:
         ``propose``, fed from device tensors. Sequences whose drafter cache cannot hold the step's positions
         write nothing, read no context and keep 0 drafts."""
         dev, S = self.device, tokens.shape[0]
-        host, held = self.plan_device_step(inp)
+        rows, tables, held = self.plan_device_step(inp)
         held = self._flush_if_large(held, captured)
-        meta = int64_rows(host).to(dev, non_blocking=True)  # [S, 6 + W]
+        meta = torch.from_numpy(padded_meta(rows, tables)).to(dev, non_blocking=True)  # [S, 6 + W]
         ctx, n, first_row, ready_t = meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] > 0
         num_drafts, emits, table = meta[:, 4], meta[:, 5] > 0, meta[:, 6:]
         committed = n - num_drafts + accepted  # [S] the query less its rejected drafts
@@ -87,14 +98,16 @@ class DFlashDeviceStep:
             drafts, keep = self._greedy_block(bonus, ctx_lens, tables_t)
         return drafts, torch.where(drafting, keep, 0)
 
-    def plan_device_step(self, inp, width: int | None = None) -> tuple[list[list[int]], _Held]:
+    def plan_device_step(self, inp) -> tuple[list[list[int]], list[list[int]], _Held]:
         """The host part of a device-side step: reserve each sequence's drafter cache for the step's committed
-        positions and take its positions left by plain steps (``defer_context``). Returns per sequence
-        ``[context_len, query_len, first row, cache ready, num drafts, emits, *drafter block table]`` (tables
-        padded with 0 to ``width``, or to the longest) and the held positions (not flushed)."""
+        positions and take its positions left by plain steps (``defer_context``). Returns per sequence the
+        meta row ``[context_len, query_len, first row, cache ready, num drafts, emits]`` and its drafter block
+        table (the cache's own list, empty when not ready: ``padded_meta`` or ``FusedVerifyGraphs.run`` lay
+        them out), and the held positions (not flushed)."""
         cache_tables, bs = self.cache.tables, self.cache.block_size
         evictable: set[int] | None = None  # sequences outside the step, computed when blocks run short
         rows: list[list[int]] = []
+        tables: list[list[int]] = []
         r = 0
         for sid, ctx, n, d, e in zip(
             inp.seq_ids, inp.context_lens, inp.query_lens, inp.num_draft_tokens, inp.samples
@@ -105,16 +118,14 @@ class DFlashDeviceStep:
                 if evictable is None and len(self.cache.free_blocks) * bs < ctx + n:
                     evictable = set(cache_tables) - set(inp.seq_ids)
                 table = cache_tables[sid] if self.cache.reserve(sid, ctx + n, evictable) else None
-            rows.append([ctx, n, r, int(table is not None), d, int(e), *(table or [])])
+            rows.append([ctx, n, r, int(table is not None), d, int(e)])
+            tables.append(table if table is not None else [])
             r += n
         held: _Held = ([], [], [])  # positions left by plain steps: written with this step's context
         if self._pending_from:
             for sid, c, tbl in zip(inp.seq_ids, inp.context_lens, inp.block_tables):
                 self._take_pending(sid, c, tbl, held)
-        W = 6 + (width if width is not None else max(len(row) - 6 for row in rows) or 1)
-        for row in rows:
-            row.extend([0] * (W - len(row)))
-        return rows, held
+        return rows, tables, held
 
     def write_held_context(self, held: _Held) -> None:
         """Write ``held`` (``plan_device_step``) on its own: context steps from the feature cache."""

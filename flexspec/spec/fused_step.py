@@ -16,9 +16,10 @@ Same results as the eager device-side path (``SpecDecodeWorker._launch_on_device
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from flexspec.engine.cuda_graphs import DecodeGraphs, StagedInputs, capture_graphs
+from flexspec.engine.cuda_graphs import DecodeGraphs, StagedInputs, capture_graphs, write_table_rows
 from flexspec.engine.model_input import ModelInput
 from flexspec.spec.verifier import accept_deterministic_drafts
 from flexspec_kernels.argmax import argmax
@@ -27,8 +28,8 @@ from flexspec_kernels.argmax import argmax
 class FusedVerifyGraphs:
     """The tail of a device-side verification step, per batch size, for one ``DecodeGraphs`` (query length q).
 
-    Per step the host stages one int64 row per sequence: the drafter's meta row (``plan_device_step``, width
-    6 + W) then the sequence's q - 1 drafts (0-padded); dummy sequences up to the graph's batch size are all
+    Per step the host stages one int64 row per sequence: the drafter's meta row (``plan_device_step``: 6 columns
+    and its block table, W = ``fused_table_width`` columns) then the sequence's q - 1 drafts (0-padded); dummy sequences up to the graph's batch size are all
     0 (context 0, cache not ready: nothing written, nothing drafted).
 
     Args:
@@ -51,6 +52,7 @@ class FusedVerifyGraphs:
         max_bs = self.batch_sizes[-1]
         self.stage = StagedInputs({"rows": max_bs * self.width}, decode.runner.device)
         self.stage.send()  # all 0: dummy rows
+        self.table_rows: list[tuple[list[int] | None, int]] = []  # ``write_table_rows``' record of the tables
         self.outputs: dict[int, torch.Tensor] = {}  # bs -> packed [bs, q + 1 + D + 1] int64
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = pool
@@ -75,21 +77,33 @@ class FusedVerifyGraphs:
         """Whether ``inp``'s batch fits (the decode graph's ``can_run`` checks the rest)."""
         return len(inp.query_lens) <= self.batch_sizes[-1]
 
-    def run(self, inp: ModelInput, bs: int, meta_rows: list[list[int]]) -> torch.Tensor:
-        """Stage ``meta_rows`` (``plan_device_step`` with width ``fused_table_width``) and ``inp``'s drafts,
-        then replay the tail of batch size ``bs`` (the one the decode graph just replayed). Returns the packed
+    def run(
+        self, inp: ModelInput, bs: int, meta_rows: list[list[int]], tables: list[list[int]]
+    ) -> torch.Tensor:
+        """Stage ``plan_device_step``'s ``meta_rows`` [S, 6] and drafter block ``tables`` (at most
+        ``fused_table_width`` entries each: the drafter reserves at most max_model_len) and ``inp``'s drafts, then
+        replay the tail of batch size ``bs`` (the one the decode graph just replayed). Returns the packed
         result's first S rows [S, q + 2 + D] (a static buffer: valid until the next ``run``)."""
         S = len(inp.query_lens)
         self.stage.wait_sent()
         host = self.stage.host("rows").reshape(-1, self.width)
-        host[:S, : self.meta_width] = meta_rows  # tables fit: the drafter reserves at most max_model_len
-        host[:S, self.meta_width :] = 0
-        r = 0
-        for s, (n, d) in enumerate(zip(inp.query_lens, inp.num_draft_tokens)):
-            if d:
-                host[s, self.meta_width : self.meta_width + d] = inp.input_ids[r + n - d : r + n]
-            r += n
-        host[S:bs] = 0
+        host[:S, :6] = meta_rows
+        write_table_rows(host[:, 6 : self.meta_width], self.table_rows, tables)  # new entries only
+        drafts = host[:S, self.meta_width :]
+        drafts[:] = 0
+        if any(inp.num_draft_tokens):  # every sequence a decode query [last token, drafts...]: vectorized
+            query_lens = np.asarray(inp.query_lens, dtype=np.int64)
+            firsts = np.cumsum(query_lens) - query_lens
+            col = np.arange(inp.num_tokens, dtype=np.int64) - np.repeat(
+                firsts + query_lens - np.asarray(inp.num_draft_tokens, dtype=np.int64), query_lens
+            )  # [T] a token's index among its sequence's drafts (< 0: not a draft)
+            is_draft = col >= 0
+            seq = np.repeat(np.arange(S, dtype=np.int64), query_lens)
+            drafts[seq[is_draft], col[is_draft]] = np.asarray(inp.input_ids, dtype=np.int64)[is_draft]
+        if bs > S:  # dummy sequences: all 0 (their table rows too)
+            host[S:bs] = 0
+            for row in range(S, min(bs, len(self.table_rows))):
+                self.table_rows[row] = (None, 0)
         self.stage.send()
         if self.graphs:
             self.graphs[bs].replay()

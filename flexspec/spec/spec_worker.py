@@ -306,10 +306,10 @@ class SpecDecodeWorker:
         if 0 in inp.context_lens:  # as _launch_on_device: a recomputed prompt's drafter state starts over
             self._forget([sid for sid, c in zip(inp.seq_ids, inp.context_lens) if self._recomputed(sid, c)])
         drafter = self.drafter
-        meta_rows, held = drafter.plan_device_step(inp, width=drafter.fused_table_width)
+        meta_rows, tables, held = drafter.plan_device_step(inp)
         drafter.write_held_context(held)  # positions left by plain steps, from the feature cache
         bs, _ = decode.replay(inp)
-        packed = tail.run(inp, bs, meta_rows)  # [S, q + 2 + D]
+        packed = tail.run(inp, bs, meta_rows, tables)  # [S, q + 2 + D]
         return self._read_back(inp, packed, decode.logits[bs], [], decode.q - 1)
 
     def _launch_on_device(

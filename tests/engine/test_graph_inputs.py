@@ -6,10 +6,13 @@ direct construction of the padded layout.
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 
-from flexspec.engine.cuda_graphs import StagedInputs, stage_decode_inputs
+from flexspec.engine.cuda_graphs import StagedInputs, stage_decode_inputs, write_table_rows
 from flexspec.engine.model_input import ModelInput
 from flexspec.engine.sampler import SamplingMetadata, sample
 
@@ -110,3 +113,29 @@ def test_greedy_sampling_builds_no_device_tensors():
     assert mixed.temperature.tolist() == pytest.approx([0.0, 0.7, 1.0, 0.0])
     sub = mixed.select([1, 3])
     assert sub.top_k.tolist() == [5, -1] and sub.any_greedy and not sub.all_greedy
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_block_table_rows_are_written_where_they_changed(seed):
+    """Staged block-table rows stay equal to the sequences' tables over steps in which tables grow, sequences
+    are freed (a new list) and rows change hands; a row whose table did not change is not rewritten."""
+    rng = random.Random(seed)
+    width = 12
+    dest = np.zeros((8, width), dtype=np.int64)
+    written: list = []
+    tables = [[rng.randrange(100)] for _ in range(10)]  # the "sequences'" block tables
+    for _ in range(60):
+        for t in tables:
+            r = rng.random()
+            if r < 0.3 and len(t) < width:
+                t.append(rng.randrange(100))  # grows in place
+        for i in range(len(tables)):
+            if rng.random() < 0.05:
+                tables[i] = [rng.randrange(100)]  # freed and allocated again: a new list
+        batch = rng.sample(tables, rng.randint(1, 8)) if rng.random() < 0.2 else tables[:8]
+        write_table_rows(dest, written, batch)
+        for s, t in enumerate(batch):
+            assert dest[s, : len(t)].tolist() == t
+    dest[0, 0] = -5  # not rewritten while row 0's table is unchanged
+    write_table_rows(dest, written, batch)
+    assert dest[0, 0] == -5
