@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from flexspec.engine.model_runner import ModelRunner
 
 
+# Host staging switches from Python lists to numpy above these batch sizes (numpy's fixed cost per call, ~1 us,
+# beats a per-sequence loop only past a few sequences; ``bench.host_staging``): the decode-graph layout of
+# verification queries, and a fused tail's draft rows.
+SMALL_BATCH_LAYOUT = 2
+SMALL_BATCH = 8
+
+
 @torch.inference_mode()
 def capture_graphs(sizes: list[int], step, pool=None) -> tuple[dict, dict, object]:
     """Capture ``step(n)`` as one CUDA graph per size, largest first so that smaller graphs reuse its memory
@@ -112,8 +119,23 @@ def stage_decode_inputs(
     m = S * q
     if q == 1:  # one token per sequence: the layout is the input's
         ids[:S], pos[:S], slots[:S] = inp.input_ids, inp.positions, inp.slot_mapping
-        rows: np.ndarray | range = range(S)
-    else:  # token t of sequence s goes to row s * q + (t - first token of s); numpy: ~0.6 ms as Python at S=64
+        rows: np.ndarray | range | list[int] = range(S)
+    elif S <= SMALL_BATCH_LAYOUT:  # a few sequences: lists (numpy's fixed costs are larger here)
+        p_ids: list[int] = []
+        p_pos: list[int] = []
+        p_slots: list[int] = []
+        rows = []
+        r = 0
+        for s, n in enumerate(inp.query_lens):
+            p_ids += inp.input_ids[r : r + n] + [0] * (q - n)
+            last = inp.positions[r + n - 1]
+            p_pos += inp.positions[r : r + n] + [min(last + 1 + i, max_position) for i in range(q - n)]
+            p_slots += inp.slot_mapping[r : r + n] + [-1] * (q - n)
+            rows += range(s * q, s * q + n)
+            r += n
+        ids[:m], pos[:m], slots[:m] = p_ids, p_pos, p_slots
+        stage.host("token_rows")[: len(rows)] = rows
+    else:  # token t of sequence s goes to row s * q + (t - first token of s); as lists ~0.4 ms at S=64
         query_lens = np.asarray(inp.query_lens, dtype=np.int64)  # [S]
         ends = np.cumsum(query_lens)  # [S] exclusive end of each sequence's tokens
         firsts = ends - query_lens
@@ -132,10 +154,10 @@ def stage_decode_inputs(
         ids[m : bs * q], pos[m : bs * q], slots[m : bs * q], ctx[S:bs] = 0, 0, -1, 0
     direct = q == 1 and len(inp.logits_indices) == S
     if not direct:
-        if q == 1:
-            stage.host("logits_rows")[: len(inp.logits_indices)] = inp.logits_indices
+        if isinstance(rows, np.ndarray):
+            stage.host("logits_rows")[: len(inp.logits_indices)] = rows[inp.logits_indices]
         else:
-            stage.host("logits_rows")[: len(inp.logits_indices)] = rows[inp.logits_indices]  # type: ignore[index]
+            stage.host("logits_rows")[: len(inp.logits_indices)] = [rows[i] for i in inp.logits_indices]
     return bs, direct
 
 

@@ -19,7 +19,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flexspec.engine.cuda_graphs import DecodeGraphs, StagedInputs, capture_graphs, write_table_rows
+from flexspec.engine.cuda_graphs import (
+    SMALL_BATCH,
+    DecodeGraphs,
+    StagedInputs,
+    capture_graphs,
+    write_table_rows,
+)
 from flexspec.engine.model_input import ModelInput
 from flexspec.spec.verifier import accept_deterministic_drafts
 from flexspec_kernels.argmax import argmax
@@ -87,23 +93,7 @@ class FusedVerifyGraphs:
         S = len(inp.query_lens)
         self.stage.wait_sent()
         host = self.stage.host("rows").reshape(-1, self.width)
-        host[:S, :6] = meta_rows
-        write_table_rows(host[:, 6 : self.meta_width], self.table_rows, tables)  # new entries only
-        drafts = host[:S, self.meta_width :]
-        drafts[:] = 0
-        if any(inp.num_draft_tokens):  # every sequence a decode query [last token, drafts...]: vectorized
-            query_lens = np.asarray(inp.query_lens, dtype=np.int64)
-            firsts = np.cumsum(query_lens) - query_lens
-            col = np.arange(inp.num_tokens, dtype=np.int64) - np.repeat(
-                firsts + query_lens - np.asarray(inp.num_draft_tokens, dtype=np.int64), query_lens
-            )  # [T] a token's index among its sequence's drafts (< 0: not a draft)
-            is_draft = col >= 0
-            seq = np.repeat(np.arange(S, dtype=np.int64), query_lens)
-            drafts[seq[is_draft], col[is_draft]] = np.asarray(inp.input_ids, dtype=np.int64)[is_draft]
-        if bs > S:  # dummy sequences: all 0 (their table rows too)
-            host[S:bs] = 0
-            for row in range(S, min(bs, len(self.table_rows))):
-                self.table_rows[row] = (None, 0)
+        stage_tail_rows(host, self.table_rows, inp, meta_rows, tables, self.meta_width, bs)
         self.stage.send()
         if self.graphs:
             self.graphs[bs].replay()
@@ -111,3 +101,44 @@ class FusedVerifyGraphs:
         else:
             out = self._step(bs)
         return out[:S]
+
+
+def stage_tail_rows(
+    host: np.ndarray,
+    table_rows: list[tuple[list[int] | None, int]],
+    inp: ModelInput,
+    meta_rows: list[list[int]],
+    tables: list[list[int]],
+    meta_width: int,
+    bs: int,
+) -> None:
+    """Write a fused tail's per-sequence rows into ``host`` [>= bs, meta_width + q - 1] int64 (a staged buffer
+    kept between steps): ``meta_rows`` [S][6] in columns 0-5, drafter block ``tables`` from column 6
+    (``write_table_rows``, record ``table_rows``: new entries only), ``inp``'s drafts (every sequence a decode
+    query ``[last token, drafts...]``) from column ``meta_width``, 0-padded; rows S .. bs-1 (dummy sequences)
+    all 0. At batch 64 with ``fused_table_width`` 128, padding every table and the per-sequence draft copies
+    cost ~0.5 ms per step on a 2-core CPU, ~80 us this way (``bench.host_staging``)."""
+    S = len(inp.query_lens)
+    host[:S, :6] = meta_rows
+    write_table_rows(host[:, 6:meta_width], table_rows, tables)
+    drafts = host[:S, meta_width:]
+    drafts[:] = 0
+    if S <= SMALL_BATCH:  # numpy's fixed costs exceed a loop's at small batch
+        r = 0
+        for s, (n, d) in enumerate(zip(inp.query_lens, inp.num_draft_tokens)):
+            if d:
+                drafts[s, :d] = inp.input_ids[r + n - d : r + n]
+            r += n
+    elif any(inp.num_draft_tokens):
+        query_lens = np.asarray(inp.query_lens, dtype=np.int64)
+        firsts = np.cumsum(query_lens) - query_lens
+        col = np.arange(inp.num_tokens, dtype=np.int64) - np.repeat(
+            firsts + query_lens - np.asarray(inp.num_draft_tokens, dtype=np.int64), query_lens
+        )  # [T] a token's index among its sequence's drafts (< 0: not a draft)
+        is_draft = col >= 0
+        seq = np.repeat(np.arange(S, dtype=np.int64), query_lens)
+        drafts[seq[is_draft], col[is_draft]] = np.asarray(inp.input_ids, dtype=np.int64)[is_draft]
+    if bs > S:  # dummy sequences: all 0 (their table rows too)
+        host[S:bs] = 0
+        for row in range(S, min(bs, len(table_rows))):
+            table_rows[row] = (None, 0)

@@ -67,6 +67,7 @@ def reference_layout(inp: ModelInput, q: int, bs: int) -> dict[str, list[int]]:
     [
         ([1, 1, 1], 1, "last"),
         ([1], 1, "last"),
+        ([3], 4, "all"),
         ([3, 1, 4], 4, "all"),
         ([2, 2], 4, "last"),
         ([4] * 5, 4, "all"),
