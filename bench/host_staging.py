@@ -7,7 +7,8 @@
 This is host Python and numpy only (the buffers are CPU tensors here; on a GPU they are pinned and sent in one
 copy), so it runs anywhere and is a CPU regression number, not a GPU claim. Each batch is decoding: sequences
 with ``--context`` cached tokens whose block tables (16-token blocks) grow as their contexts advance by 1-4
-tokens a step, so most steps find a sequence's table unchanged. Plain steps stage one token per sequence;
+tokens a step, so most steps find a sequence's table unchanged (a sequence reaching ``--max-model-len`` is
+replaced by a new one). Plain steps stage one token per sequence;
 verification steps stage ``1 + d`` tokens per sequence (d uniform in 1 .. ``--drafts``) into graphs of
 ``1 + --drafts`` rows per sequence, then the fused tail's rows (meta, drafter block table, drafts).
 """
@@ -28,6 +29,7 @@ class _Batch:
 
     def __init__(self, rng: random.Random, num_seqs: int, context: int) -> None:
         self.rng = rng
+        self.start = context
         self.ctx = [context + rng.randrange(64) for _ in range(num_seqs)]
         self.next_block = 0
         self.tables = [self._blocks(c + 1) for c in self.ctx]
@@ -38,10 +40,15 @@ class _Batch:
         self.next_block += n
         return list(range(self.next_block - n, self.next_block))
 
-    def advance(self, room: int) -> None:
-        """Every sequence's context grows by 1-4 tokens; tables grow to hold ``room`` more."""
+    def advance(self, room: int, max_len: int) -> None:
+        """Every sequence's context grows by 1-4 tokens; tables grow to hold ``room`` more. A sequence that would
+        pass ``max_len`` is replaced by a new one (new tables, context back to the start)."""
         for s in range(len(self.ctx)):
             self.ctx[s] += self.rng.randint(1, 4)
+            if self.ctx[s] + room > max_len:
+                self.ctx[s] = self.start + self.rng.randrange(64)
+                self.tables[s] = self._blocks(self.ctx[s] + 1)
+                self.drafter_tables[s] = self._blocks(self.ctx[s] + 1)
             for t in (self.tables[s], self.drafter_tables[s]):
                 while len(t) * BLOCK_SIZE < self.ctx[s] + room:
                     t.append(self.next_block)
@@ -86,7 +93,7 @@ def measure(num_seqs: int, args: argparse.Namespace) -> dict[str, float]:
         batch = _Batch(rng, num_seqs, args.context)
         graph_s = tail_s = 0.0
         for step in range(args.warmup + args.steps):
-            batch.advance(q)
+            batch.advance(q, args.max_model_len)
             inp = batch.model_input(drafts)
             meta = [[c, ql, 0, 1, ql - 1, 1] for c, ql in zip(inp.context_lens, inp.query_lens)]
             t0 = time.perf_counter()
