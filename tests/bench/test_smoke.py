@@ -368,3 +368,17 @@ def test_table_renders(smoke):
 
     text = render([smoke])
     assert "| gsm8k | plain |" in text and f"ngram-k{K}" in text
+
+
+def test_host_staging_tiny(tmp_path):
+    from bench import host_staging
+
+    out = tmp_path / "staging.json"
+    host_staging.main(["--batch-sizes", "1,9", "--steps", "20", "--warmup", "2", "--max-model-len", "512",
+                       "--output", str(out)])  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert doc["env"]["machine"]["cpu_count"] >= 1
+    assert [p["batch_size"] for p in doc["points"]] == [1, 9]
+    for p in doc["points"]:
+        for key in ("plain_graph_inputs_us", "verify_graph_inputs_us", "verify_fused_tail_rows_us"):
+            assert p[key] > 0
