@@ -175,7 +175,7 @@ class Replay:
         (``trace``: the engine uses one fixed prompt) decode a few steps in each mode, forced, and the policy
         sees them as in the engine (``finish_profile`` decides what it keeps). The step times it starts from are
         the measured ``profile``'s where given ({(mode, bucket): seconds}), else the replay's own."""
-        from flexspec.spec.policy import WARMUP_SAMPLES
+        from flexspec.spec.policy_tuning import WARMUP_SAMPLES
 
         b = 1
         while b <= max_batch_size:
@@ -286,7 +286,7 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="override a constant of flexspec.spec.policy for this replay (e.g. REQUEST_PRIOR_WEIGHT=32)",
+        help="override a constant of flexspec.spec.policy_tuning for this replay (e.g. REQUEST_PRIOR_WEIGHT=32)",
     )
     p.add_argument("--output", default=None)
     return p
@@ -296,15 +296,15 @@ ZERO_MEANS_OFF = frozenset({"PROBE_BUDGET"})  # policy constants whose 0 is docu
 
 
 def apply_overrides(pairs: list[str]) -> dict[str, float]:
-    """Set module constants of ``flexspec.spec.policy`` (``NAME=VALUE``); ``STALE_KEEP`` follows
+    """Set the policy's tunable constants (``flexspec.spec.policy_tuning``, ``NAME=VALUE``); ``STALE_KEEP`` follows
     ``STALE_HALF_LIFE``, ``PRIOR_KEEP`` ``PRIOR_HALF_LIFE``. Raises ValueError for a name the module does not define."""
-    from flexspec.spec import policy
+    from flexspec.spec import policy_tuning as policy
 
     done = {}
     for pair in pairs:
         name, _, value = pair.partition("=")
         if not name.isupper() or not hasattr(policy, name):
-            raise ValueError(f"--set {pair!r}: flexspec.spec.policy has no constant {name!r}")
+            raise ValueError(f"--set {pair!r}: flexspec.spec.policy_tuning has no constant {name!r}")
         old = getattr(policy, name)
         if name.endswith("_KEEP"):
             raise ValueError(f"--set {pair!r}: {name} follows {name[:-5]}_HALF_LIFE; set that instead")

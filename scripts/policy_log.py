@@ -24,7 +24,7 @@ import typer
 from configs import EngineConfig, SamplingParams
 from flexspec.datasets import load_prompts
 from flexspec.engine.llm_engine import LLMEngine
-from flexspec.spec.policy import batch_bucket
+from flexspec.spec.step_times import batch_bucket
 
 
 def _finite(rate: float) -> float | None:

@@ -103,45 +103,23 @@ a draftless step (session 12, H200, batch 1, DFlash on MT-Bench: 17% of steps sp
 against a break-even of 2.1; ``auto`` 0.92x of plain).
 
 The first samples of a (mode, bucket) keep their minimum (one-off costs such as a kernel's first compile
-must not set the estimate), later ones the median of a window (``_Stat``). Near-ties go to plain decoding
+must not set the estimate), later ones the median of a window (``StepTimeStat``). Near-ties go to plain decoding
 (``SPEC_MARGIN``): a speculative step also pays what the step-time table does not see (a drafter's work on
 prefill chunks, more variance), so speculation must promise a clear gain. ``disable_by_batch_size`` (vLLM)
 forces plain decoding above a batch size.
+
+The constants named here live in :mod:`flexspec.spec.policy_tuning` (read at call time, so replays and tests can
+change them); the step-time statistic and the batch-size buckets in :mod:`flexspec.spec.step_times`.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from configs.engine import EngineConfig
 from flexspec.engine.scheduler import SchedulerOutput
-
-WARMUP_SAMPLES = 3  # measurements per (mode, bucket) before the policy trusts it
-REEXPLORE_EVERY = 64  # decisions per bucket before the first re-measurement of the runner-up
-REEXPLORE_MAX = 1024  # the interval doubles after each re-measurement, up to this many decisions
-PROBE_SURPRISE = 0.2  # a probe's time this far from the estimate restarts the bucket's probe back-off
-SWITCH_HORIZON = 16  # speculative steps over which entering speculation (one draftless step) must pay
-PROBE_STEPS = 2  # consecutive steps of a re-measurement of plain (the first is a switch step, not recorded)
-PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
-PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
-PROBE_BUDGET = 0.01  # expected throughput a bucket's probes may cost (share of the best mode's); 0 = no limit
-EMA = 0.2  # weight of the newest sample in acceptance and per-request MAL moving averages
-STAT_WINDOW = 15  # step times per (mode, bucket) whose median is the estimate
-LONG_WINDOW = 256  # step times per (mode, bucket) whose median a stale estimate falls back to
-STALE_AFTER = 32  # decisions without a new step time after which a mode's estimate is stale
-MIN_PRIOR_VERIFICATIONS = (
-    8  # real verifications before G is trusted; until then speculation is assumed to pay
-)
-PROBE_VERIFICATIONS = 2  # verifying steps of a probe of a speculative mode (after its draftless first step)
-REQUEST_PRIOR_WEIGHT = 32  # verifications of a request at which its own evidence weighs half (the c above)
-SPEC_MARGIN = 1.05  # speculation is chosen over plain decoding only if its expected rate is this much higher
-PRIOR_WINDOW = 128  # verifications (all requests) behind the prior MAL: ~3 GSM8K requests at batch 1
-STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a request's own MAL estimate
-STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
-PRIOR_HALF_LIFE = 128  # plain steps without a verification that halve the weight of G's evidence
-PRIOR_KEEP = 0.5 ** (1 / PRIOR_HALF_LIFE)
-PRIOR_MIN_WEIGHT = 32.0  # aging never takes G's evidence below this many verifications (16: probes' noise)
+from flexspec.spec import policy_tuning as tuning
+from flexspec.spec.step_times import StepTimeStat, batch_bucket, median
 
 
 def entry_factor(tokens_per_step: float) -> float:
@@ -149,56 +127,7 @@ def entry_factor(tokens_per_step: float) -> float:
     ``SWITCH_HORIZON`` (H) steps at ``tokens_per_step`` (m) tokens each, the first emits 1 (no drafts to verify
     yet): (H m - (m - 1)) / (H m)."""
     m = max(tokens_per_step, 1.0)
-    return 1.0 - (m - 1.0) / (SWITCH_HORIZON * m)
-
-
-def batch_bucket(num_seqs: int) -> int:
-    """Batch sizes grouped by powers of two: 1, 2, 4, 8, ..."""
-    b = 1
-    while b < num_seqs:
-        b *= 2
-    return b
-
-
-def _median(xs) -> float:
-    """``statistics.median`` of a non-empty sequence, without its type checks (called after every step)."""
-    v = sorted(xs)
-    m = len(v) // 2
-    return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
-
-
-@dataclass
-class _Stat:
-    """Step times of one (mode, bucket): the minimum of the first ``WARMUP_SAMPLES`` (one-off costs such as a
-    kernel's first compile must not set the estimate), then the median of the last ``STAT_WINDOW`` (a stray
-    slow step - a GC pause, a host hiccup - must not move it: with a moving average one 20 ms outlier locked a
-    mode out for hundreds of steps on the H200)."""
-
-    n: int = 0
-    seconds: float = 0.0
-    window: deque = field(default_factory=lambda: deque(maxlen=STAT_WINDOW))
-    history: deque = field(default_factory=lambda: deque(maxlen=LONG_WINDOW))
-    recorded_at: int = 0  # the policy's decision count at the latest sample
-    _long_run: float | None = None  # median of ``history``, computed when first asked after a sample
-
-    def add(self, t: float, now: int = 0) -> None:
-        """One step time (seconds) at decision count ``now``; the first after ``STALE_AFTER`` decisions without
-        one starts a new window (a run of the mode after a break is measured afresh)."""
-        if now - self.recorded_at > STALE_AFTER:
-            self.window.clear()
-        self.window.append(t)
-        self.history.append(t)
-        self.n += 1
-        self.recorded_at = now
-        self._long_run = None
-        self.seconds = min(self.window) if self.n < WARMUP_SAMPLES else _median(self.window)
-
-    def long_run(self) -> float:
-        """Median of the last ``LONG_WINDOW`` samples (cached: a stale estimate is asked for every decision
-        while no sample arrives)."""
-        if self._long_run is None:
-            self._long_run = _median(self.history)
-        return self._long_run
+    return 1.0 - (m - 1.0) / (tuning.SWITCH_HORIZON * m)
 
 
 @dataclass
@@ -210,7 +139,7 @@ class Decision:
 @dataclass
 class SpeculationPolicy:
     config: EngineConfig
-    step_times: dict[tuple[str, int], _Stat] = field(default_factory=dict)
+    step_times: dict[tuple[str, int], StepTimeStat] = field(default_factory=dict)
     decisions: dict[int, int] = field(default_factory=dict)  # bucket -> count
     mode_counts: dict[str, int] = field(default_factory=dict)
     acceptance: list[float] = field(default_factory=list)  # per-position acceptance (EMA over steps)
@@ -256,12 +185,12 @@ class SpeculationPolicy:
         self.num_decisions += 1
         if not self._warmed:  # warm-up: measure every option somewhere first
             for mode in self.options:
-                if self.samples(mode) < WARMUP_SAMPLES:
+                if self.samples(mode) < tuning.WARMUP_SAMPLES:
                     return self._decision(mode)
             self._warmed = True
         spec_tokens = self.batch_tokens_per_step(sched)
         rates = {m: self.expected_rate(m, bucket, spec_tokens) for m in self.options}
-        rates["plain"] *= SPEC_MARGIN  # near-ties go to plain decoding (see SPEC_MARGIN)
+        rates["plain"] *= tuning.SPEC_MARGIN  # near-ties go to plain decoding (see SPEC_MARGIN)
         if self.last_modes:  # a round trip plain -> speculation costs a draftless step (entry_factor)
             entry = entry_factor(spec_tokens)
             if self.last_modes[-1] == "plain":
@@ -272,21 +201,24 @@ class SpeculationPolicy:
         ranked = sorted(self.options, key=rates.__getitem__, reverse=True)
         best = rates[ranked[0]]
         for mode in ranked[1:]:  # plausible options never measured at this batch size
-            if rates[mode] >= PLAUSIBLE * best and self._measured(mode, bucket) < WARMUP_SAMPLES:
+            if (
+                rates[mode] >= tuning.PLAUSIBLE * best
+                and self._measured(mode, bucket) < tuning.WARMUP_SAMPLES
+            ):
                 return self._decision(mode)
         if self.probe is not None and self.probe[1] > 0:
             mode, left = self.probe
             self.probe = (mode, left - 1)
             return self._decision(mode)
-        due, interval = self.probe_due.get(bucket, (REEXPLORE_EVERY - 1, REEXPLORE_EVERY))
+        due, interval = self.probe_due.get(bucket, (tuning.REEXPLORE_EVERY - 1, tuning.REEXPLORE_EVERY))
         if (
             count >= due
-            and rates[ranked[1]] >= PROBE_WITHIN * best
+            and rates[ranked[1]] >= tuning.PROBE_WITHIN * best
             and count >= due - interval + self._probe_gap(ranked[0], ranked[1], bucket, spec_tokens)
         ):
-            interval = min(2 * interval, REEXPLORE_MAX)
+            interval = min(2 * interval, tuning.REEXPLORE_MAX)
             self.probe_due[bucket] = (count + interval, interval)
-            steps = PROBE_STEPS if ranked[1] == "plain" else 1 + PROBE_VERIFICATIONS
+            steps = tuning.PROBE_STEPS if ranked[1] == "plain" else 1 + tuning.PROBE_VERIFICATIONS
             self.probe = (ranked[1], steps - 1)
             self.probe_estimate = (ranked[1], bucket, self.step_time(ranked[1], bucket) or 0.0)
             return self._decision(ranked[1])
@@ -302,17 +234,17 @@ class SpeculationPolicy:
         1.13 ms, decoupled DFlash 3.25 ms per step; at MT-Bench's MAL 1.95 a probe every 64 decisions cost
         ~5.8% of the bucket's throughput (now >= 373 decisions apart), at GSM8K's 3.24 ~1.8% (>= 115 apart)."""
         t_b, t_r = self.step_time(best, bucket), self.step_time(runner_up, bucket)
-        if PROBE_BUDGET <= 0 or not t_b or not t_r:
+        if tuning.PROBE_BUDGET <= 0 or not t_b or not t_r:
             return 0.0
         m_b = 1.0 if best == "plain" else spec_tokens
         if runner_up == "plain":
-            steps, emitted = PROBE_STEPS, float(PROBE_STEPS)
+            steps, emitted = tuning.PROBE_STEPS, float(tuning.PROBE_STEPS)
         else:
-            steps = 1 + PROBE_VERIFICATIONS
+            steps = 1 + tuning.PROBE_VERIFICATIONS
             first = 1.0 if best == "plain" else spec_tokens  # entered from plain: no drafts to verify yet
-            emitted = first + PROBE_VERIFICATIONS * spec_tokens
+            emitted = first + tuning.PROBE_VERIFICATIONS * spec_tokens
         lost = steps * t_r - emitted * t_b / m_b
-        return max(lost, 0.0) / (PROBE_BUDGET * t_b)
+        return max(lost, 0.0) / (tuning.PROBE_BUDGET * t_b)
 
     def _decision(self, mode: str) -> Decision:
         return self._count(Decision(mode, 0 if mode == "plain" else self.spec.num_speculative_tokens))
@@ -336,7 +268,7 @@ class SpeculationPolicy:
         g = self.prior_tokens_per_step
         if g is None and self.acceptance:
             return self.expected_tokens_per_step("decoupled")
-        if g is None or self.num_verifications < MIN_PRIOR_VERIFICATIONS:
+        if g is None or self.num_verifications < tuning.MIN_PRIOR_VERIFICATIONS:
             return 1.0 + self.spec.num_speculative_tokens
         return g
 
@@ -347,7 +279,7 @@ class SpeculationPolicy:
         if r is None:
             return g
         n = getattr(seq, "spec_num_verifications", 1)
-        return g + n / (n + REQUEST_PRIOR_WEIGHT) * seq.spec_estimate_weight * (r - g)
+        return g + n / (n + tuning.REQUEST_PRIOR_WEIGHT) * seq.spec_estimate_weight * (r - g)
 
     def batch_tokens_per_step(self, sched: SchedulerOutput) -> float:
         """Mean over the batch of each request's estimated MAL (``request_tokens_per_step``, inlined on the
@@ -361,7 +293,7 @@ class SpeculationPolicy:
                 r = seq.spec_tokens_per_step
                 if r is not None:
                     n = seq.spec_num_verifications
-                    own += n / (n + REQUEST_PRIOR_WEIGHT) * seq.spec_estimate_weight * (r - g)
+                    own += n / (n + tuning.REQUEST_PRIOR_WEIGHT) * seq.spec_estimate_weight * (r - g)
             return g + own / max(len(scheduled), 1)
         except AttributeError:  # entries without the engine's per-request fields
             total = sum(self.request_tokens_per_step(getattr(s, "seq", None), g) for s in scheduled)
@@ -394,7 +326,7 @@ class SpeculationPolicy:
             return None
         stat = self.step_times[(mode, near)]
         t = stat.seconds
-        if self.num_decisions - stat.recorded_at > STALE_AFTER and stat.n >= WARMUP_SAMPLES:
+        if self.num_decisions - stat.recorded_at > tuning.STALE_AFTER and stat.n >= tuning.WARMUP_SAMPLES:
             t = min(t, stat.long_run())  # a window measured in a slow spell must not lock the mode out
         if (
             near != bucket
@@ -443,11 +375,11 @@ class SpeculationPolicy:
             if self.forced is not None:
                 self.profile.setdefault(key, []).append(seconds)
             else:
-                self.step_times.setdefault(key, _Stat()).add(seconds, self.num_decisions)
+                self.step_times.setdefault(key, StepTimeStat()).add(seconds, self.num_decisions)
                 self._check_probe(key, seconds)
         if not per_position_acceptance:
-            if mode == "plain" and self.prior_weight > PRIOR_MIN_WEIGHT:
-                self.prior_weight = max(self.prior_weight * PRIOR_KEEP, PRIOR_MIN_WEIGHT)
+            if mode == "plain" and self.prior_weight > tuning.PRIOR_MIN_WEIGHT:
+                self.prior_weight = max(self.prior_weight * tuning.PRIOR_KEEP, tuning.PRIOR_MIN_WEIGHT)
             return
         n = max(len(self.acceptance), len(per_position_acceptance))
         step = per_position_acceptance + [0.0] * (n - len(per_position_acceptance))  # no draft there: 0
@@ -455,7 +387,7 @@ class SpeculationPolicy:
             self.acceptance = list(step)
         else:
             self.acceptance += [0.0] * (n - len(self.acceptance))
-            self.acceptance = [(1 - EMA) * a + EMA * b for a, b in zip(self.acceptance, step)]
+            self.acceptance = [(1 - tuning.EMA) * a + tuning.EMA * b for a, b in zip(self.acceptance, step)]
 
     def _check_probe(self, key: tuple[str, int], seconds: float) -> None:
         """A probe's step far from the estimate it re-measured (``PROBE_SURPRISE``) makes the estimate stale:
@@ -464,9 +396,12 @@ class SpeculationPolicy:
         if ref is None or ref[:2] != key:
             return
         self.probe_estimate = None
-        if abs(seconds - ref[2]) > PROBE_SURPRISE * ref[2]:
+        if abs(seconds - ref[2]) > tuning.PROBE_SURPRISE * ref[2]:
             bucket = key[1]
-            self.probe_due[bucket] = (self.decisions.get(bucket, 0) + REEXPLORE_EVERY, REEXPLORE_EVERY // 2)
+            self.probe_due[bucket] = (
+                self.decisions.get(bucket, 0) + tuning.REEXPLORE_EVERY,
+                tuning.REEXPLORE_EVERY // 2,
+            )
 
     def finish_profile(self) -> dict[str, float]:
         """End the warm-up profile: each (mode, bucket) measured there starts from the median of its step
@@ -479,10 +414,10 @@ class SpeculationPolicy:
         self._warmed = False
         out = {}
         for (mode, bucket), times in sorted(self.profile.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            stat = _Stat()
-            for t in times[-STAT_WINDOW:]:
+            stat = StepTimeStat()
+            for t in times[-tuning.STAT_WINDOW :]:
                 stat.add(t)
-            med = stat.seconds = _median(stat.window)
+            med = stat.seconds = median(stat.window)
             self.step_times[(mode, bucket)] = stat
             out[f"{mode}@{bucket}"] = round(med * 1e3, 4)
         self.profile.clear()
@@ -501,7 +436,7 @@ class SpeculationPolicy:
         ``STALE_KEEP`` times less against the prior (see the module doc). One call per step for all of them
         (at batch 64 a call per request was ~0.3 us each of the step's host time)."""
         for seq in seqs:
-            seq.spec_estimate_weight *= STALE_KEEP
+            seq.spec_estimate_weight *= tuning.STALE_KEEP
 
     def observe_request(self, seq, num_draft_tokens: int, num_accepted: int) -> None:
         """Update one request's MAL estimate after a step that emitted tokens for it, having verified
@@ -513,11 +448,11 @@ class SpeculationPolicy:
             return
         tokens = num_accepted + 1.0
         self.num_verifications += 1
-        self.prior_weight = min(self.prior_weight + 1.0, PRIOR_WINDOW)
+        self.prior_weight = min(self.prior_weight + 1.0, tuning.PRIOR_WINDOW)
         g = self.prior_tokens_per_step
         g = tokens if g is None else g + (tokens - g) / self.prior_weight
         self.prior_tokens_per_step = g
         prev = seq.spec_tokens_per_step
-        seq.spec_tokens_per_step = (1 - EMA) * (g if prev is None else prev) + EMA * tokens
+        seq.spec_tokens_per_step = (1 - tuning.EMA) * (g if prev is None else prev) + tuning.EMA * tokens
         seq.spec_estimate_weight = 1.0
         seq.spec_num_verifications = getattr(seq, "spec_num_verifications", 0) + 1

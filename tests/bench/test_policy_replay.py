@@ -109,7 +109,7 @@ def test_steps_that_prefill_cost_what_spec_bench_measured(tmp_path):
 
 
 def test_overrides_name_real_constants():
-    from flexspec.spec import policy
+    from flexspec.spec import policy_tuning as policy
 
     old = policy.REQUEST_PRIOR_WEIGHT, policy.STALE_HALF_LIFE, policy.STALE_KEEP, policy.PROBE_BUDGET
     try:

@@ -9,8 +9,9 @@ import pytest
 
 from configs import EngineConfig
 from flexspec.engine.scheduler import SchedulerOutput
-from flexspec.spec import policy as policy_module
-from flexspec.spec.policy import (
+from flexspec.spec import policy_tuning
+from flexspec.spec.policy import Decision, SpeculationPolicy, entry_factor
+from flexspec.spec.policy_tuning import (
     EMA,
     MIN_PRIOR_VERIFICATIONS,
     PRIOR_HALF_LIFE,
@@ -27,9 +28,6 @@ from flexspec.spec.policy import (
     STALE_KEEP,
     SWITCH_HORIZON,
     WARMUP_SAMPLES,
-    Decision,
-    SpeculationPolicy,
-    entry_factor,
 )
 
 
@@ -463,7 +461,7 @@ def test_a_workload_shift_is_learnt_from_probes_after_a_plain_stretch(monkeypatc
     probes' verifications weigh against PRIOR_MIN_WEIGHT old ones and decide; without aging (the control), against
     PRIOR_WINDOW old ones, they do not."""
     if not aging:
-        monkeypatch.setattr(policy_module, "PRIOR_KEEP", 1.0)
+        monkeypatch.setattr(policy_tuning, "PRIOR_KEEP", 1.0)
     pol = _policy(execution="auto")
     times = {"plain": 1.0, "decoupled": 2.0, "parallel": 50.0}  # break-even MAL ~2.2 from plain
     _train(pol, 8, times, [0.5, 0.3, 0.1, 0.05])

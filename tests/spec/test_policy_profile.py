@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from configs import SamplingParams
-from flexspec.spec.policy import WARMUP_SAMPLES
+from flexspec.spec.policy_tuning import WARMUP_SAMPLES
 from tests.spec.conftest import spec_engine
 
 

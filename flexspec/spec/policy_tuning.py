@@ -1,0 +1,30 @@
+"""The speculation policy's tunable constants (:mod:`flexspec.spec.policy`, whose module doc says what each one
+does and why it has its value). Every part of the policy reads them from this module at call time, so
+``bench.policy_replay --set NAME=VALUE`` and tests can change them (``monkeypatch.setattr(policy_tuning, ...)``);
+the ``*_KEEP`` values follow their ``*_HALF_LIFE`` and are recomputed by whoever changes one."""
+
+WARMUP_SAMPLES = 3  # measurements per (mode, bucket) before the policy trusts it
+REEXPLORE_EVERY = 64  # decisions per bucket before the first re-measurement of the runner-up
+REEXPLORE_MAX = 1024  # the interval doubles after each re-measurement, up to this many decisions
+PROBE_SURPRISE = 0.2  # a probe's time this far from the estimate restarts the bucket's probe back-off
+SWITCH_HORIZON = 16  # speculative steps over which entering speculation (one draftless step) must pay
+PROBE_STEPS = 2  # consecutive steps of a re-measurement of plain (the first is a switch step, not recorded)
+PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
+PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
+PROBE_BUDGET = 0.01  # expected throughput a bucket's probes may cost (share of the best mode's); 0 = no limit
+EMA = 0.2  # weight of the newest sample in acceptance and per-request MAL moving averages
+STAT_WINDOW = 15  # step times per (mode, bucket) whose median is the estimate
+LONG_WINDOW = 256  # step times per (mode, bucket) whose median a stale estimate falls back to
+STALE_AFTER = 32  # decisions without a new step time after which a mode's estimate is stale
+MIN_PRIOR_VERIFICATIONS = (
+    8  # real verifications before G is trusted; until then speculation is assumed to pay
+)
+PROBE_VERIFICATIONS = 2  # verifying steps of a probe of a speculative mode (after its draftless first step)
+REQUEST_PRIOR_WEIGHT = 32  # verifications of a request at which its own evidence weighs half (the c above)
+SPEC_MARGIN = 1.05  # speculation is chosen over plain decoding only if its expected rate is this much higher
+PRIOR_WINDOW = 128  # verifications (all requests) behind the prior MAL: ~3 GSM8K requests at batch 1
+STALE_HALF_LIFE = 8  # plain steps (= emitted tokens) that halve the weight of a request's own MAL estimate
+STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
+PRIOR_HALF_LIFE = 128  # plain steps without a verification that halve the weight of G's evidence
+PRIOR_KEEP = 0.5 ** (1 / PRIOR_HALF_LIFE)
+PRIOR_MIN_WEIGHT = 32.0  # aging never takes G's evidence below this many verifications (16: probes' noise)
