@@ -286,11 +286,12 @@ class LLMEngine(AsyncSchedulingMixin):
             inp.samples.append(samples)
             p = seq.params
             inp.max_lens.append(seq.max_len)
-            if samples:
+            if samples:  # logits rows: the last token before the drafts, then each draft
                 num_out = len(seq.token_ids) - seq.num_prompt_tokens
-                for j in range(d + 1):
-                    logits_indices.append(first_row + n - 1 - d + j)
-                    rows.append((p.temperature, p.top_p, p.top_k, seq.seed, num_out + j))
+                first = first_row + n - 1 - d
+                logits_indices.extend(range(first, first + d + 1))
+                t, top_p, top_k, seed = p.temperature, p.top_p, p.top_k, seq.seed
+                rows.extend([(t, top_p, top_k, seed, num_out + j) for j in range(d + 1)])
                 if p.logprobs is not None:
                     num_logprobs = max(num_logprobs or 0, p.logprobs)
         inp.num_logprobs = num_logprobs
