@@ -389,8 +389,8 @@ class LLMEngine(AsyncSchedulingMixin):
             drafts = draft_rows[i] if draft_rows is not None else []
             lps = None
             if lps_rows is not None and seq.params.logprobs is not None:
-                k = seq.params.logprobs
-                lps = [TokenLogprob(t, lp, top[:k]) for t, lp, top in zip(tokens, lps_rows[i], tops_rows[i])]  # type: ignore[index]
+                k, tops = seq.params.logprobs, tops_rows[i]  # type: ignore[index]
+                lps = [TokenLogprob(t, lp, top[:k]) for t, lp, top in zip(tokens, lps_rows[i], tops)]
             i += 1
             if seq.status is FINISHED:  # aborted while its step was in flight
                 continue

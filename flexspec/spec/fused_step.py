@@ -34,9 +34,10 @@ from flexspec_kernels.argmax import argmax
 class FusedVerifyGraphs:
     """The tail of a device-side verification step, per batch size, for one ``DecodeGraphs`` (query length q).
 
-    Per step the host stages one int64 row per sequence: the drafter's meta row (``plan_device_step``: 6 columns
-    and its block table, W = ``fused_table_width`` columns) then the sequence's q - 1 drafts (0-padded); dummy sequences up to the graph's batch size are all
-    0 (context 0, cache not ready: nothing written, nothing drafted).
+    Per step the host stages one int64 row per sequence (``stage_tail_rows``): the drafter's meta row
+    (``plan_device_step``: 6 columns, then its block table in W = ``fused_table_width`` columns), then the
+    sequence's q - 1 drafts (0-padded); dummy sequences up to the graph's batch size are all 0 (context 0, cache
+    not ready: nothing written, nothing drafted).
 
     Args:
         decode: the target's decode graphs whose static outputs the tail reads (``decode.q`` rows per sequence).
