@@ -455,12 +455,15 @@ class LLMEngine(AsyncSchedulingMixin):
         detok = self.detok[seq.request_id]
         token_ids = seq.token_ids
         with_text = bool(p.stop)
-        if len(tokens) == 1 and not with_text and logprobs is None:  # a plain decode step's common case
-            tok = tokens[0]
-            if tok not in seq.stop_token_set and len(token_ids) + 1 < seq.max_len:  # does not finish
-                token_ids.append(tok)
-                self.stats.num_generation_tokens += 1
-                return _Appended(seq, detok, [tok], [], False)
+        if (  # the common case: no stop strings or logprobs, and none of the tokens ends the request
+            not with_text
+            and logprobs is None
+            and len(token_ids) + len(tokens) < seq.max_len
+            and seq.stop_token_set.isdisjoint(tokens)
+        ):
+            token_ids.extend(tokens)
+            self.stats.num_generation_tokens += len(tokens)
+            return _Appended(seq, detok, list(tokens), [], False)
         new_ids: list[int] = []
         new_lps: list[TokenLogprob] = []
         reason: str | None = None
