@@ -476,7 +476,7 @@ class LLMEngine(AsyncSchedulingMixin):
                 seq.logprobs.append(logprobs[i])
             if tok in seq.stop_token_set:
                 reason, stopped_by_token = "stop", True
-                if tok in p.stop_token_ids and (p.ignore_eos or tok not in self.eos_token_ids):
+                if tok in p.stop_token_ids and tok not in seq.eos_token_ids:  # EOS: no stop reason (vLLM)
                     seq.stop_reason = tok
             if with_text and reason is None:  # a stop token's own text is not part of the output (vLLM)
                 delta = detok.add(tok)

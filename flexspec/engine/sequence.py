@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from configs.sampling import SamplingParams
@@ -37,8 +38,9 @@ class Sequence:
         prompt_token_ids: list[int],
         params: SamplingParams,
         seed: int,
-        max_model_len: int | None = None,
-        eos_token_ids: frozenset[int] | set[int] = frozenset(),
+        *,
+        max_model_len: int | None,
+        eos_token_ids: Iterable[int],
     ) -> None:
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
@@ -53,9 +55,10 @@ class Sequence:
         # the length at which the sequence stops (max_tokens, capped by max_model_len) ...
         max_len = self.num_prompt_tokens + params.max_tokens
         self.max_len = max_len if max_model_len is None else min(max_len, max_model_len)
-        # ... the token ids that end it (EOS unless ignored, and the stop token ids) ...
-        stop_ids = frozenset(params.stop_token_ids)
-        self.stop_token_set = stop_ids if params.ignore_eos else stop_ids | frozenset(eos_token_ids)
+        # ... the token ids that end it: the model's EOS ids as the engine knew them when the request was added
+        # (none with ignore_eos), and the request's stop token ids ...
+        self.eos_token_ids = frozenset() if params.ignore_eos else frozenset(eos_token_ids)
+        self.stop_token_set = frozenset(params.stop_token_ids) | self.eos_token_ids
         # ... and how many trailing characters of its text streaming holds back (a stop string could start there)
         self.stop_text_hold = max((len(s) - 1 for s in params.stop), default=0)
         self.finish_reason: str | None = None

@@ -102,3 +102,27 @@ def test_engine_still_serves_after_errors(engine):
         engine.add_request("", SamplingParams())
     out = engine.generate(["Hello"], SamplingParams(max_tokens=3, temperature=0))[0]
     assert len(out.token_ids) == 3
+
+
+def test_gguf_cache_is_keyed_by_content(tmp_path, monkeypatch):
+    """Two installs of the same GGUF file (two clones' virtual environments) share one dequantized copy, found
+    without reading the GGUF again; a file with other content has its own key (converted afresh)."""
+    import hashlib
+
+    from flexspec.models import loader
+
+    monkeypatch.setenv("FLEXSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    a, b, c = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf", tmp_path / "c" / "m.gguf"
+    for path, data in ((a, b"GGUF same bytes"), (b, b"GGUF same bytes"), (c, b"GGUF other bytes")):
+        path.parent.mkdir()
+        path.write_bytes(data)
+    with pytest.raises(ModelLoadError):  # not a real GGUF: converting it fails and caches nothing
+        loader._gguf_to_folder(a, name="m")
+    cached = tmp_path / "cache" / "models" / f"m-{hashlib.sha256(b'GGUF same bytes').hexdigest()[:12]}"
+    assert not cached.exists()
+    cached.mkdir(parents=True)  # as a finished conversion leaves it
+    (cached / "config.json").write_text("{}")
+    assert loader._gguf_to_folder(a, name="m") == cached
+    assert loader._gguf_to_folder(b, name="m") == cached
+    with pytest.raises(ModelLoadError):
+        loader._gguf_to_folder(c, name="m")

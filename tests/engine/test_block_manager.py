@@ -9,7 +9,14 @@ from flexspec.engine.sequence import Sequence
 
 
 def _seq(num_tokens: int) -> Sequence:
-    return Sequence("r", list(range(num_tokens)), SamplingParams(max_tokens=1), seed=0)
+    return Sequence(
+        "r",
+        list(range(num_tokens)),
+        SamplingParams(max_tokens=1),
+        seed=0,
+        max_model_len=None,
+        eos_token_ids=(),
+    )
 
 
 def test_freed_blocks_are_handed_out_first_in_their_order():

@@ -29,7 +29,14 @@ def make_seq(rng: random.Random, i: int, *, decode: bool) -> ScheduledSequence:
         logprobs=rng.choice([None, None, 2, 5]),
     )
     prompt = [rng.randrange(1, 1000) for _ in range(rng.randint(1, 30))]
-    seq = Sequence(f"r{i}", prompt, params, seed=rng.getrandbits(30), max_model_len=rng.choice([40, 1000]))
+    seq = Sequence(
+        f"r{i}",
+        prompt,
+        params,
+        seed=rng.getrandbits(30),
+        max_model_len=rng.choice([40, 1000]),
+        eos_token_ids=[2],
+    )
     if decode:
         seq.token_ids += [
             rng.choice([rng.randrange(1, 1000), PLACEHOLDER_TOKEN_ID]) for _ in range(rng.randint(0, 9))
@@ -58,7 +65,9 @@ def test_general_builder_slots_follow_the_block_tables(seed):
     scheduled = []
     for i in range(rng.randint(1, 6)):
         prompt = [rng.randrange(1, 1000) for _ in range(rng.randint(2, 40))]
-        seq = Sequence(f"r{i}", prompt, SamplingParams(max_tokens=8), seed=0)
+        seq = Sequence(
+            f"r{i}", prompt, SamplingParams(max_tokens=8), seed=0, max_model_len=None, eos_token_ids=[2]
+        )
         seq.num_computed_tokens = rng.randrange(len(prompt))
         seq.draft_token_ids = [rng.randrange(1, 1000) for _ in range(rng.randint(0, 5))]
         n = len(prompt) - seq.num_computed_tokens
