@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Planned, NOT run (no GPU was lent in session 31): what the next device session should run to check and measure
+# Planned when no GPU was lent; its GPU tests and a reduced spec_bench A/B then ran at the end of session 31
+# (../h100-2026-12-05-s31/): what the next device session should run to check and measure
 # session 31's host-work changes on the GPU. Staging as in bench/results/h100-2026-12-05-s30/s30_run3.sh
 # (scripts/device_stage.sh aside/pack; three calls carrying .stage/part-0{0,1,2}); then, in the last call:
 set -u
