@@ -1,5 +1,5 @@
 """Host time of staging a step's inputs for the CUDA graphs: the decode / verification graph layout
-(``flexspec.engine.cuda_graphs.stage_decode_inputs``) and a fused verification tail's rows
+(``flexspec.engine.graph_inputs.stage_decode_inputs``) and a fused verification tail's rows
 (``flexspec.spec.fused_step.stage_tail_rows``), per step, at each batch size.
 
     python -m bench.host_staging --batch-sizes 1,8,64 --steps 2000 --output host_staging.json
@@ -75,7 +75,7 @@ def measure(num_seqs: int, args: argparse.Namespace) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from flexspec.engine.cuda_graphs import StagedInputs, stage_decode_inputs
+    from flexspec.engine.graph_inputs import StagedInputs, stage_decode_inputs
     from flexspec.spec.fused_step import stage_tail_rows
 
     rng = random.Random(0)

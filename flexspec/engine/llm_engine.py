@@ -14,9 +14,10 @@ from flexspec.engine.async_scheduling import AsyncSchedulingMixin
 from flexspec.engine.block_manager import BlockManager
 from flexspec.engine.detokenizer import IncrementalDetokenizer, find_stop
 from flexspec.engine.executor import Executor, LocalExecutor
+from flexspec.engine.input_builder import general_input, plain_decode_input
 from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.outputs import RequestOutput
-from flexspec.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
+from flexspec.engine.scheduler import Scheduler, SchedulerOutput
 from flexspec.engine.sequence import Sequence, SequenceStatus, TokenLogprob
 from flexspec.errors import ContextLengthExceededError, InvalidRequestError
 from flexspec.models.spec import ModelSpec
@@ -195,9 +196,9 @@ class LLMEngine(AsyncSchedulingMixin):
         bs = self.config.kv_block_size
         scheduled = sched.scheduled
         if all(s.num_new_tokens == 1 and s.num_draft_tokens == 0 for s in scheduled):
-            inp = self._plain_decode_input(scheduled, bs)
+            inp = plain_decode_input(scheduled, bs)
         else:
-            inp = self._general_input(scheduled, bs)
+            inp = general_input(scheduled, bs)
         if self.policy is not None:
             decision = decision or self.policy.decide(sched)
             inp.num_speculative_tokens = decision.num_speculative_tokens
@@ -205,96 +206,6 @@ class LLMEngine(AsyncSchedulingMixin):
         inp.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
         for sid in inp.finished_seq_ids:
             self._seqs_by_id.pop(sid, None)
-        return inp
-
-    @staticmethod
-    def _plain_decode_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
-        """``build_model_input`` for a batch of one new token per sequence and no drafts (most steps of plain
-        decoding; a prompt's last token alone counts too): the same input, built column by column."""
-        seqs = [s.seq for s in scheduled]
-        positions = [seq.num_computed_tokens for seq in seqs]
-        tables = [seq.block_table for seq in seqs]
-        n = len(seqs)
-        # A sequence samples when its one new token is its last: every decode step; not a prompt chunk.
-        samples = [p + 1 == len(seq.token_ids) for seq, p in zip(seqs, positions)]
-        inp = ModelInput(
-            input_ids=[seq.token_ids[p] for seq, p in zip(seqs, positions)],
-            positions=positions,
-            slot_mapping=[t[p // bs] * bs + p % bs for t, p in zip(tables, positions)],
-            block_tables=tables,
-            context_lens=list(positions),
-            query_lens=[1] * n,
-            logits_indices=[],
-            seq_ids=[seq.seq_id for seq in seqs],
-            num_draft_tokens=[0] * n,
-            samples=samples,
-            max_lens=[seq.max_len for seq in seqs],
-        )
-        num_logprobs: int | None = None
-        rows = inp.sampling_rows
-        for i, seq in enumerate(seqs):
-            if samples[i]:
-                p = seq.params
-                inp.logits_indices.append(i)
-                rows.append(
-                    (p.temperature, p.top_p, p.top_k, seq.seed, positions[i] + 1 - seq.num_prompt_tokens)
-                )
-                if p.logprobs is not None:
-                    num_logprobs = max(num_logprobs or 0, p.logprobs)
-        inp.num_logprobs = num_logprobs
-        return inp
-
-    @staticmethod
-    def _general_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
-        """``build_model_input`` for any batch: prompt chunks, decode and verification queries."""
-        inp = ModelInput([], [], [], [], [], [], [])
-        ids, positions, slots, logits_indices, rows = (
-            inp.input_ids,
-            inp.positions,
-            inp.slot_mapping,
-            inp.logits_indices,
-            inp.sampling_rows,
-        )
-        num_logprobs: int | None = None
-        for s in scheduled:
-            seq = s.seq
-            start = seq.num_computed_tokens
-            n, d = s.num_new_tokens, s.num_draft_tokens
-            samples = start + n == len(seq.token_ids) + d  # ScheduledSequence.samples, inlined (hot loop)
-            first_row = len(ids)
-            table = seq.block_table
-            if n == 1 and d == 0:  # a plain decode step: the last token
-                ids.append(seq.token_ids[start])
-                positions.append(start)
-                slots.append(table[start // bs] * bs + start % bs)
-            else:
-                ids.extend(s.token_ids)
-                end = start + n
-                positions.extend(range(start, end))
-                # slots block by block: one range per KV block the tokens fall in
-                pos = start
-                while pos < end:
-                    stop = min(end, (pos // bs + 1) * bs)
-                    base = table[pos // bs] * bs - (pos // bs) * bs
-                    slots.extend(range(base + pos, base + stop))
-                    pos = stop
-            inp.block_tables.append(table)
-            inp.context_lens.append(start)
-            inp.query_lens.append(n)
-            inp.seq_ids.append(seq.seq_id)
-            inp.num_draft_tokens.append(d)
-            inp.samples.append(samples)
-            p = seq.params
-            inp.max_lens.append(seq.max_len)
-            if samples:  # logits rows: the last token before the drafts, then each draft
-                num_out = len(seq.token_ids) - seq.num_prompt_tokens
-                first = first_row + n - 1 - d
-                logits_indices.extend(range(first, first + d + 1))
-                t, top_p, top_k, seed = p.temperature, p.top_p, p.top_k, seq.seed
-                rows.extend([(t, top_p, top_k, seed, num_out + j) for j in range(d + 1)])
-                if p.logprobs is not None:
-                    num_logprobs = max(num_logprobs or 0, p.logprobs)
-        inp.num_logprobs = num_logprobs
         return inp
 
     def _token_ids_of(self, seq_id: int) -> list[int] | None:

@@ -19,13 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flexspec.engine.cuda_graphs import (
-    SMALL_BATCH,
-    DecodeGraphs,
-    StagedInputs,
-    capture_graphs,
-    write_table_rows,
-)
+from flexspec.engine.cuda_graphs import DecodeGraphs, capture_graphs
+from flexspec.engine.graph_inputs import SMALL_BATCH, StagedInputs, write_table_rows
 from flexspec.engine.model_input import ModelInput
 from flexspec.spec.verifier import accept_deterministic_drafts
 from flexspec_kernels.argmax import argmax

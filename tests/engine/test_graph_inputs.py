@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from flexspec.engine.cuda_graphs import StagedInputs, stage_decode_inputs, write_table_rows
+from flexspec.engine.graph_inputs import StagedInputs, stage_decode_inputs, write_table_rows
 from flexspec.engine.model_input import ModelInput
 from flexspec.engine.sampler import SamplingMetadata, sample
 

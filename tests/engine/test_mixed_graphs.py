@@ -10,7 +10,8 @@ import torch
 
 from configs import EngineConfig, SamplingParams
 from flexspec.engine import cuda_graphs
-from flexspec.engine.cuda_graphs import MixedGraphs, StagedInputs, stage_mixed_inputs
+from flexspec.engine.cuda_graphs import MixedGraphs, stage_mixed_inputs
+from flexspec.engine.graph_inputs import StagedInputs
 from flexspec.engine.llm_engine import LLMEngine
 from flexspec.engine.model_runner import MIXED_GRAPH_MAX_ERROR
 from tests.conftest import DEFAULT_MODEL, real_prompts

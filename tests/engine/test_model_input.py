@@ -10,7 +10,7 @@ import random
 import pytest
 
 from configs import SamplingParams
-from flexspec.engine.llm_engine import LLMEngine
+from flexspec.engine.input_builder import general_input, plain_decode_input
 from flexspec.engine.model_input import PLACEHOLDER_TOKEN_ID
 from flexspec.engine.scheduler import ScheduledSequence
 from flexspec.engine.sequence import Sequence
@@ -53,8 +53,8 @@ def make_seq(rng: random.Random, i: int, *, decode: bool) -> ScheduledSequence:
 def test_plain_decode_builder_equals_the_general_builder(seed):
     rng = random.Random(seed)
     scheduled = [make_seq(rng, i, decode=rng.random() < 0.8) for i in range(rng.randint(1, 12))]
-    fast = LLMEngine._plain_decode_input(scheduled, BLOCK_SIZE)
-    general = LLMEngine._general_input(scheduled, BLOCK_SIZE)
+    fast = plain_decode_input(scheduled, BLOCK_SIZE)
+    general = general_input(scheduled, BLOCK_SIZE)
     assert dataclasses.asdict(fast) == dataclasses.asdict(general)
     assert fast.samples == [s.samples for s in scheduled]  # the scheduler's own rule
 
@@ -74,7 +74,7 @@ def test_general_builder_slots_follow_the_block_tables(seed):
         d = len(seq.draft_token_ids) if n == 1 else 0  # drafts are verified by a decode query only
         seq.block_table = rng.sample(range(500), -(-(seq.num_computed_tokens + n + d) // BLOCK_SIZE))
         scheduled.append(ScheduledSequence(seq, n + d, d))
-    inp = LLMEngine._general_input(scheduled, BLOCK_SIZE)
+    inp = general_input(scheduled, BLOCK_SIZE)
     want_pos, want_slots = [], []
     for s in scheduled:
         table = s.seq.block_table
