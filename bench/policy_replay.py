@@ -15,7 +15,9 @@ dataset x batch size on one policy, whose state carries over between points as i
 The replay's model of a step: a request that was drafted for in the previous step verifies its drafts and
 emits ``accepted + 1`` tokens (capped at its remaining ``max_tokens``), otherwise 1; the step costs a
 speculative step if any request verifies or is drafted for, else a plain step (the plain engine's: the extra
-host work of a speculative engine's plain steps is not modelled, nor step times that drift during a run).
+host work of a speculative engine's plain steps is not modelled, nor step times that drift during a run);
+``--switch-costs`` prices the step entering speculation and the one leaving it as multiples of a speculative
+step (they cost more where the drafter catches up on the context plain steps left).
 A step in which requests join (their prompts prefill; they start with their first token, without drafts)
 costs that mode's mean time of steps that prefill in the same spec_bench run (``step_time.all_steps`` less
 ``decode_steps``), and the policy is not shown its time, as in the engine; ``--no-prefill-cost`` prices it as
@@ -160,11 +162,14 @@ def prefill_step_times_from_spec_bench(
 class Replay:
     """One policy over a series of closed-loop points (see the module doc)."""
 
-    def __init__(self, spec_config: dict, times: StepTimes, k: int) -> None:
+    def __init__(
+        self, spec_config: dict, times: StepTimes, k: int, switch_costs: tuple[float, float] = (1.0, 1.0)
+    ) -> None:
         from configs import EngineConfig
         from flexspec.spec.policy import SpeculationPolicy
 
         self.k, self.times = k, times
+        self.enter_cost, self.exit_cost = switch_costs
         self.policy = SpeculationPolicy(
             EngineConfig(speculative_config={**spec_config, "num_speculative_tokens": k})
         )
@@ -217,6 +222,10 @@ class Replay:
             if chosen == "plain" and any(verifying):
                 cost_mode = prev if prev in self.times.modes() and prev != "plain" else self._spec_mode()
             seconds = self.times.sample(cost_mode, n, prefill=joined)
+            if prev == "plain" and chosen != "plain":
+                seconds *= self.enter_cost
+            elif chosen == "plain" and cost_mode != "plain":
+                seconds *= self.exit_cost
             clock += seconds
             for s, verifies in zip(running, verifying):
                 drafts = min(self.k, max(s.remaining - 1, 0)) if verifies else 0
@@ -280,6 +289,13 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
         action="store_true",
         help="price steps in which requests join as decode steps (the replay before session 21)",
     )
+    p.add_argument(
+        "--switch-costs",
+        default="1,1",
+        metavar="ENTER,EXIT",
+        help="a step entering speculation from plain decoding, and the step leaving it (verifying the last "
+        "drafts), cost these multiples of the speculative mode's step (H100, session 30, b=64: ~1.6, ~1.3)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--set",
@@ -330,6 +346,17 @@ def apply_overrides(pairs: list[str]) -> dict[str, float]:
     return done
 
 
+def _switch_costs(text: str) -> tuple[float, float]:
+    """``--switch-costs ENTER,EXIT``: two positive multiples. Raises ValueError otherwise."""
+    try:
+        enter, exit_ = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--switch-costs {text!r}: expected ENTER,EXIT, two numbers") from None
+    if not (enter > 0 and exit_ > 0 and math.isfinite(enter) and math.isfinite(exit_)):
+        raise ValueError(f"--switch-costs {text!r}: both multiples must be positive")
+    return enter, exit_
+
+
 def _load(path: str, schema: str) -> dict[str, Any]:
     """A result JSON of the given schema family. Raises ValueError (missing, not JSON, another schema)."""
     try:
@@ -362,7 +389,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         if missing or not order:
             raise ValueError(f"--datasets {args.datasets!r}: the traces hold {sorted(traces)}")
         traces = {d: traces[d] for d in order}
-    rep = Replay(spec, times, k)
+    rep = Replay(spec, times, k, _switch_costs(args.switch_costs))
     first = next(iter(traces.values()))
     max_bs = max(args.batch_sizes)
     if args.profile_trace:

@@ -191,13 +191,12 @@ class SpeculationPolicy:
         spec_tokens = self.batch_tokens_per_step(sched)
         rates = {m: self.expected_rate(m, bucket, spec_tokens) for m in self.options}
         rates["plain"] *= tuning.SPEC_MARGIN  # near-ties go to plain decoding (see SPEC_MARGIN)
-        if self.last_modes:  # a round trip plain -> speculation costs a draftless step (entry_factor)
-            entry = entry_factor(spec_tokens)
+        if self.last_modes:  # a round trip plain -> speculation -> plain costs its switch steps
             if self.last_modes[-1] == "plain":
                 for m in self.options[1:]:
-                    rates[m] *= entry
+                    rates[m] *= self.round_trip_factor(m, bucket, spec_tokens)
             else:  # leaving speculation commits to paying for the return
-                rates["plain"] *= entry
+                rates["plain"] *= self.round_trip_factor(self.last_modes[-1], bucket, spec_tokens)
         ranked = sorted(self.options, key=rates.__getitem__, reverse=True)
         best = rates[ranked[0]]
         for mode in ranked[1:]:  # plausible options never measured at this batch size
@@ -232,18 +231,34 @@ class SpeculationPolicy:
         budget. A speculative probe from plain decoding emits 1 + (P - 1) m (its first step has no drafts to
         verify; from another speculative mode P m); a plain probe P tokens. H100, b=64 (session 29): plain
         1.13 ms, decoupled DFlash 3.25 ms per step; at MT-Bench's MAL 1.95 a probe every 64 decisions cost
-        ~5.8% of the bucket's throughput (now >= 373 decisions apart), at GSM8K's 3.24 ~1.8% (>= 115 apart)."""
+        ~5.8% of the bucket's throughput (now >= 373 decisions apart), at GSM8K's 3.24 ~1.8% (>= 115 apart).
+        Once both switch steps between plain decoding and the speculative mode were measured
+        (``switch_time``), a probe is priced with them: a speculative probe is its entering step (1 token), P
+        verifying steps and the leaving step that verifies the last drafts (m tokens); a plain probe is the
+        leaving step (m tokens), ``PROBE_STEPS`` - 1 plain steps and the step entering speculation again (session
+        30, H100, MT-Bench b=64: a probe lost ~6.6 ms where the steady-state prices said ~2 ms)."""
         t_b, t_r = self.step_time(best, bucket), self.step_time(runner_up, bucket)
         if tuning.PROBE_BUDGET <= 0 or not t_b or not t_r:
             return 0.0
         m_b = 1.0 if best == "plain" else spec_tokens
-        if runner_up == "plain":
-            steps, emitted = tuning.PROBE_STEPS, float(tuning.PROBE_STEPS)
-        else:
-            steps = 1 + tuning.PROBE_VERIFICATIONS
-            first = 1.0 if best == "plain" else spec_tokens  # entered from plain: no drafts to verify yet
-            emitted = first + tuning.PROBE_VERIFICATIONS * spec_tokens
-        lost = steps * t_r - emitted * t_b / m_b
+        spec = best if runner_up == "plain" else runner_up
+        t_e, t_x = self.switch_time("enter", spec, bucket), self.switch_time("exit", spec, bucket)
+        m = max(spec_tokens, 1.0)
+        if "plain" not in (best, runner_up) or t_e is None or t_x is None:  # steady-state prices
+            if runner_up == "plain":
+                steps, emitted = tuning.PROBE_STEPS, float(tuning.PROBE_STEPS)
+            else:
+                steps = 1 + tuning.PROBE_VERIFICATIONS
+                first = 1.0 if best == "plain" else spec_tokens  # entered from plain: no drafts to verify yet
+                emitted = first + tuning.PROBE_VERIFICATIONS * spec_tokens
+            spent = steps * t_r
+        elif runner_up == "plain":  # leave (verifies the last drafts), plain steps, enter again (1 token)
+            spent = t_x + (tuning.PROBE_STEPS - 1) * t_r + t_e
+            emitted = m + tuning.PROBE_STEPS
+        else:  # enter (1 token), the verifying steps, leave (verifies the last drafts: m tokens)
+            spent = t_e + tuning.PROBE_VERIFICATIONS * t_r + t_x
+            emitted = 1.0 + (tuning.PROBE_VERIFICATIONS + 1) * m
+        lost = spent - emitted * t_b / m_b
         return max(lost, 0.0) / (tuning.PROBE_BUDGET * t_b)
 
     def _decision(self, mode: str) -> Decision:
@@ -346,6 +361,39 @@ class SpeculationPolicy:
         tokens = 1.0 if mode == "plain" else spec_tokens or self.expected_tokens_per_step(mode)
         return tokens / max(t, 1e-9)
 
+    def switch_time(self, kind: str, mode: str, bucket: int) -> float | None:
+        """Measured seconds of the step switching between plain decoding and speculative ``mode`` at
+        ``bucket`` (``kind`` "enter": plain -> ``mode``, drafts without verifying; "exit": ``mode`` -> plain,
+        verifies the last drafts without drafting): the minimum of its first ``WARMUP_SAMPLES`` samples, then
+        the median of its last ``LONG_WINDOW`` (switches come a few per hundred steps, so no short window);
+        scaled from the nearest measured bucket like ``step_time``. None if never measured."""
+        key = f"{kind}:{mode}"
+        near = self._nearest(key, bucket)
+        if near is None:
+            return None
+        stat = self.step_times[(key, near)]
+        t = min(stat.history) if stat.n < tuning.WARMUP_SAMPLES else stat.long_run()
+        if near != bucket and self._measured("plain", near) and self._measured("plain", bucket):
+            t *= self.step_times[("plain", bucket)].seconds / self.step_times[("plain", near)].seconds
+        return t
+
+    def round_trip_factor(self, mode: str, bucket: int, tokens_per_step: float) -> float:
+        """Share of ``mode``'s steady-state rate left over a stretch of ``SWITCH_HORIZON`` (H) steps entered from
+        plain decoding and left again. With both switch steps measured (``switch_time``): the entering step
+        (t_e) emits 1 token, H - 1 steady steps (t_s) m each, the leaving step (t_x) verifies the last drafts
+        and emits m, so the stretch runs at (1 + H m) / (t_e + (H - 1) t_s + t_x) against m / t_s. Otherwise
+        ``entry_factor`` (the entering step priced as a steady one). Session 30, H100, b=64: entering steps
+        took 3.7-5.0 ms and leaving ones 3.2-3.8 ms against 2.6-2.8 ms steady (the drafter catches up on the
+        context the plain steps left; the leaving step's tail), which the steady-state price did not see."""
+        t_s = self.step_time(mode, bucket)
+        t_e = self.switch_time("enter", mode, bucket)
+        t_x = self.switch_time("exit", mode, bucket)
+        m = max(tokens_per_step, 1.0)
+        if not t_s or t_e is None or t_x is None:
+            return entry_factor(m)
+        h = tuning.SWITCH_HORIZON
+        return (1.0 + h * m) * t_s / (m * (t_e + (h - 1) * t_s + t_x))
+
     # ---- feedback -------------------------------------------------------------------------------------------
     def previous_mode(self, mode: str, previous: str | None = None) -> str:
         """The decision before the step being observed (``observe``'s ``previous``): as given, else the one
@@ -365,18 +413,27 @@ class SpeculationPolicy:
         """Record one step's wall time and acceptance. ``seconds`` is None for steps that are not pure decode
         steps (a prompt prefilled in the same step makes it unrepresentative; the engine leaves those out).
 
-        The time is recorded only when this step's decision equals the previous one (``previous``: the
-        decision made before this step's; default: the one before the latest decision, which is this step's
-        unless the next step was decided already, as with async scheduling; see the module doc); acceptance
+        The time is recorded as the mode's when this step's decision equals the previous one (``previous``:
+        the decision made before this step's; default: the one before the latest decision, which is this step's
+        unless the next step was decided already, as with async scheduling; see the module doc), as a switch
+        step's (``switch_time``) when one of the two is plain decoding and the other is not; acceptance
         is recorded for every step that verified drafts; a plain step that verified none ages G's evidence
         (``PRIOR_HALF_LIFE``; a step entering speculation, drafting without verifying, does not)."""
-        if seconds is not None and self.previous_mode(mode, previous) == mode:
+        prev = self.previous_mode(mode, previous)
+        key = None
+        if prev == mode:
             key = (mode, batch_bucket(num_seqs))
+        elif prev == "plain":  # the step entering speculation (switch_time)
+            key = (f"enter:{mode}", batch_bucket(num_seqs))
+        elif mode == "plain":  # the step leaving it
+            key = (f"exit:{prev}", batch_bucket(num_seqs))
+        if seconds is not None and key is not None:
             if self.forced is not None:
                 self.profile.setdefault(key, []).append(seconds)
             else:
                 self.step_times.setdefault(key, StepTimeStat()).add(seconds, self.num_decisions)
-                self._check_probe(key, seconds)
+                if key[0] == mode:
+                    self._check_probe(key, seconds)
         if not per_position_acceptance:
             if mode == "plain" and self.prior_weight > tuning.PRIOR_MIN_WEIGHT:
                 self.prior_weight = max(self.prior_weight * tuning.PRIOR_KEEP, tuning.PRIOR_MIN_WEIGHT)

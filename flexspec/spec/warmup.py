@@ -63,9 +63,11 @@ def profile_speculation(
                 not engine.seqs[i].output_token_ids for i in ids if i in engine.seqs
             ):
                 engine.step()
-            for mode in modes:
+            # each mode's first step is a switch step (timed as one, SpeculationPolicy.switch_time); the last
+            # phase times the step leaving speculation
+            for mode, steps in [*((m, steps_per_mode + 2) for m in modes), (modes[0], 1)]:
                 policy.forced = mode
-                for _ in range(steps_per_mode + 2):  # the first step after a switch is not recorded
+                for _ in range(steps):
                     if not engine.has_unfinished:
                         break
                     engine.step()

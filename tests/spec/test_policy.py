@@ -50,7 +50,7 @@ def test_warmup_measures_every_mode_then_picks_the_fastest():
     pol = _policy()
     times = {"plain": 1.0, "decoupled": 1.5, "parallel": 1.2}  # seconds per step
     _train(pol, 1, times, [0.9, 0.8, 0.7, 0.6])  # E[tokens] = 4.0
-    assert {m for (m, _) in pol.step_times} == {"plain", "decoupled", "parallel"}
+    assert {m for (m, _) in pol.step_times if ":" not in m} == {"plain", "decoupled", "parallel"}
     assert pol.decide(_sched(1)).mode == "parallel"  # 4.0 / 1.2 beats 4.0 / 1.5 and 1 / 1.0
 
 
@@ -125,7 +125,8 @@ def test_positions_without_drafts_count_as_not_accepted():
 
 
 def test_only_steady_state_steps_are_timed():
-    """A step after a mode switch verifies the previous mode's drafts: its time belongs to neither mode."""
+    """A step after a mode switch verifies the previous mode's drafts: its time belongs to neither mode. Switches
+    between plain decoding and a speculative mode are timed as switch steps (``switch_time``)."""
     pol = _policy(execution="auto")
     seen = []
     for _ in range((WARMUP_SAMPLES + 1) * 3):
@@ -133,8 +134,14 @@ def test_only_steady_state_steps_are_timed():
         switch = len(seen) > 0 and seen[-1] != d.mode
         seen.append(d.mode)
         pol.observe(d.mode, 2, 100.0 if switch else 1.0, None)  # switch steps are slow outliers
-    assert {m for (m, _) in pol.step_times} == {"plain", "decoupled", "parallel"}
-    assert all(st.seconds == 1.0 for st in pol.step_times.values())
+    steady = {k: st for k, st in pol.step_times.items() if ":" not in k[0]}
+    assert {m for (m, _) in steady} == {"plain", "decoupled", "parallel"}
+    assert all(st.seconds == 1.0 for st in steady.values())
+    switches = {k[0] for k in pol.step_times} - set(pol.options)
+    assert "enter:decoupled" in switches and switches <= {
+        f"{k}:{m}" for k in ("enter", "exit") for m in pol.options
+    }
+    assert all(pol.switch_time(*k.split(":"), 2) == 100.0 for k in switches)
 
 
 def test_a_pessimistic_estimate_is_probed_again():
@@ -159,9 +166,8 @@ def test_a_pessimistic_estimate_is_probed_again():
 
 def test_probes_of_a_runner_up_that_keeps_losing_back_off():
     """The runner-up's re-measurements come after 64, then 128, 256, ... decisions of the bucket (up to
-    REEXPLORE_MAX), and never more often than PROBE_BUDGET allows: here a probe loses 2.6 s (3 steps of 2.5 s
-    emit 1 + 2 x 1.95 tokens where plain emits 7.5), so at least 260 decisions apart. One that measures far
-    from its estimate starts the back-off over."""
+    REEXPLORE_MAX), and never more often than PROBE_BUDGET allows (here >= 315 decisions apart, below). One that
+    measures far from its estimate starts the back-off over."""
     pol = _policy(execution="auto")
     times = {"plain": 1.0, "decoupled": 2.5, "parallel": 50.0}
     _train(
@@ -170,12 +176,18 @@ def test_probes_of_a_runner_up_that_keeps_losing_back_off():
     modes = []
     for _ in range(4000):
         d = pol.decide(_sched(4))
+        leaving = (
+            modes and modes[-1] == "decoupled" and d.mode == "plain"
+        )  # verifies: a decoupled step's time
         modes.append(d.mode)
-        pol.observe(d.mode, 4, times[d.mode], [0.5, 0.3, 0.1, 0.05] if d.mode != "plain" else None)
+        t = times["decoupled"] if leaving else times[d.mode]
+        pol.observe(d.mode, 4, t, [0.5, 0.3, 0.1, 0.05] if d.mode != "plain" else None)
     starts = [i for i, m in enumerate(modes) if m == "decoupled" and (i == 0 or modes[i - 1] != "decoupled")]
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert all(modes[i + 1] == "decoupled" for i in starts)  # each probe: PROBE_STEPS steps
-    assert gaps[:3] == [260, 260, 512] and max(gaps) == REEXPLORE_MAX  # (every 64 before: 62 probes)
+    # once the step leaving speculation was timed, a probe is priced with both switch steps: entering (2.5 s,
+    # 1 token), 2 verifying steps, leaving (2.5 s, 1.95 tokens): 10 s for 6.85 tokens, 3.15 s lost
+    assert gaps[:3] == [315, 315, 512] and max(gaps) == REEXPLORE_MAX  # (every 64 before: 62 probes)
     assert len(starts) == 6  # in 4000 decisions
     times["decoupled"] = 1.2  # conditions changed: the next probe measures 1.2 against an estimate of 2.5
     for _ in range(1200):
@@ -239,6 +251,37 @@ def test_entering_and_leaving_speculation_count_the_draftless_step():
     pol.prior_tokens_per_step = 3.0  # clearly above: entered from plain
     pol.last_modes = ["plain"]
     assert pol.decide(_sched(1)).mode == "decoupled"
+
+
+def test_measured_switch_steps_price_a_round_trip():
+    """Session 30 (H100, b=64): the step entering speculation took 3.7-5.0 ms and the one leaving it 3.2-3.8 ms
+    against 2.6-2.8 ms for a steady speculative step. Once both are timed, a round trip of SWITCH_HORIZON (H)
+    speculative steps is priced with them: (1 + H m) t_s / (m (t_e + (H - 1) t_s + t_x)) of the steady rate;
+    before, as a draftless steady step (entry_factor). Here MAL 2.3 enters speculation at steady-state prices
+    and no longer does with slow switch steps; a batch already speculating stays (leaving pays the same)."""
+    pol = _policy(execution="auto")
+    _train(pol, 64, {"plain": 1.0, "decoupled": 2.0, "parallel": 50.0}, [0.5, 0.3, 0.1, 0.05])
+    for key in [k for k in pol.step_times if ":" in k[0]]:  # the training's switch steps cost steady ones
+        del pol.step_times[key]
+    pol.prior_tokens_per_step, pol.num_verifications = 2.3, MIN_PRIOR_VERIFICATIONS
+    assert pol.round_trip_factor("decoupled", 64, 2.3) == entry_factor(2.3)  # not measured yet
+    pol.last_modes = ["plain"]
+    assert pol.decide(_sched(64)).mode == "decoupled"  # 2.3 / 2.0 x 0.965 > 1.0 x SPEC_MARGIN
+    for _ in range(WARMUP_SAMPLES):
+        pol.observe("decoupled", 64, 3.5, [0.5, 0.3], previous="plain")
+        pol.observe("plain", 64, 3.0, None, previous="decoupled")
+    pol.prior_tokens_per_step = 2.3
+    assert (
+        pol.switch_time("enter", "decoupled", 64) == 3.5 and pol.switch_time("exit", "decoupled", 32) == 3.0
+    )
+    h, m = SWITCH_HORIZON, 2.3
+    factor = (1 + h * m) * 2.0 / (m * (3.5 + (h - 1) * 2.0 + 3.0))
+    assert pol.round_trip_factor("decoupled", 64, m) == pytest.approx(factor)
+    assert 2.3 / 2.0 * factor < 1.0 * SPEC_MARGIN < 2.3 / 2.0 * entry_factor(2.3)
+    pol.last_modes = ["plain"]
+    assert pol.decide(_sched(64)).mode == "plain"
+    pol.last_modes = ["decoupled"]
+    assert pol.decide(_sched(64)).mode == "decoupled"
 
 
 # ---- per-request estimates: shrinkage toward the prior and ageing while plain (issue 6, batch 1) -------------

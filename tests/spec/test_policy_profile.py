@@ -17,7 +17,11 @@ def test_profile_fills_every_mode_and_bucket_and_leaves_no_trace(plain_128):
     spec = {"method": "dflash", "model": "smollm2-135m-instruct-dflash", "num_speculative_tokens": 3}
     eng = spec_engine(spec, max_num_seqs=2, speculation_profile_steps=3)
     pol = eng.policy
-    assert set(eng.speculation_profile) == {"plain@1", "decoupled@1", "plain@2", "decoupled@2"}
+    steady = {"plain@1", "decoupled@1", "plain@2", "decoupled@2"}
+    switches = {
+        f"{k}:decoupled@{b}" for k in ("enter", "exit") for b in (1, 2)
+    }  # SpeculationPolicy.switch_time
+    assert set(eng.speculation_profile) == steady | switches
     assert all(ms > 0 for ms in eng.speculation_profile.values())
     for key, ms in eng.speculation_profile.items():
         mode, bucket = key.split("@")
