@@ -90,12 +90,18 @@ Step times:
   mode that still measures slow is left again;
 
 A step's wall time covers verifying the drafts decided one step earlier plus drafting for the decision made
-now, so only steps whose decision equals the previous one are recorded (steady state of one mode). Switching
-from plain decoding to speculation costs a step: the first speculative step has no drafts to verify yet, so it
-pays a speculative step's time for one token. Speculation is entered only if it pays with that step counted:
-over ``SWITCH_HORIZON`` speculative steps, one of which emits 1 token instead of m (``entry_factor``). Leaving
-speculation likewise needs plain decoding to win by that margin (leaving now commits to paying for the way
-back). The horizon is fixed: a running mean of the stretches the policy chose (tried in session 13) fed back on
+now, so only steps whose decision equals the previous one are recorded as the mode's (steady state of one
+mode); the steps switching between plain decoding and a speculative mode are timed apart, per mode and bucket
+(``switch_time``: "enter" drafts without verifying, "exit" verifies the last drafts without drafting; the warm-up
+profile times both). Switching from plain decoding to speculation costs a step: the first speculative step has
+no drafts to verify yet, so it pays for one token. Speculation is entered only if it pays with the switch
+counted: over ``SWITCH_HORIZON`` speculative steps, one of which emits 1 token instead of m, the entering step
+priced as a steady one (``entry_factor``) until both switch steps were timed, then at their measured times
+(``round_trip_factor``: at b=64 on the H100 they cost 1.2-1.9 steady speculative steps, the drafter catching
+up on the context plain steps left; ``bench.policy_replay --switch-costs 1.6,1.3`` over session 26's H200
+times, 2 seeds: worst ``auto`` / plain 0.885 -> 0.945, MT-Bench b=64 ``auto`` / best 0.971 -> 0.980, other
+points within the seeds' noise). Leaving speculation likewise needs plain decoding to win by that margin
+(leaving now commits to paying for the way back). The horizon is fixed: a running mean of the stretches the policy chose (tried in session 13) fed back on
 itself, as requests' short-memory estimates crossing the band made stretches short, short stretches widened the
 band and GSM8K requests at batch 1 (MAL 3.1) spent 80% of their steps on plain decoding. Without the entry
 cost, requests whose estimates hovered around the break-even MAL flipped between the modes, each return costing
@@ -120,14 +126,9 @@ from configs.engine import EngineConfig
 from flexspec.engine.scheduler import SchedulerOutput
 from flexspec.spec import policy_tuning as tuning
 from flexspec.spec.step_times import StepTimeStat, batch_bucket, median
+from flexspec.spec.switch_costs import entry_factor, probe_time_lost, round_trip_share
 
-
-def entry_factor(tokens_per_step: float) -> float:
-    """Share of a speculative mode's steady-state rate left when it is entered from plain decoding: over
-    ``SWITCH_HORIZON`` (H) steps at ``tokens_per_step`` (m) tokens each, the first emits 1 (no drafts to verify
-    yet): (H m - (m - 1)) / (H m)."""
-    m = max(tokens_per_step, 1.0)
-    return 1.0 - (m - 1.0) / (tuning.SWITCH_HORIZON * m)
+__all__ = ["Decision", "SpeculationPolicy", "entry_factor"]
 
 
 @dataclass
@@ -225,41 +226,18 @@ class SpeculationPolicy:
 
     def _probe_gap(self, best: str, runner_up: str, bucket: int, spec_tokens: float) -> float:
         """Decisions since the bucket's last probe before the runner-up may be probed again, so that probes
-        cost at most ``PROBE_BUDGET`` of the best mode's throughput: a probe of P steps of the runner-up
-        (time T = P t_r) emits E tokens per sequence where the best mode would have emitted T / t_b * m_b; the
-        time lost, (T - E t_b / m_b), over the gap's g steps of the best mode (g t_b) must stay within the
-        budget. A speculative probe from plain decoding emits 1 + (P - 1) m (its first step has no drafts to
-        verify; from another speculative mode P m); a plain probe P tokens. H100, b=64 (session 29): plain
-        1.13 ms, decoupled DFlash 3.25 ms per step; at MT-Bench's MAL 1.95 a probe every 64 decisions cost
-        ~5.8% of the bucket's throughput (now >= 373 decisions apart), at GSM8K's 3.24 ~1.8% (>= 115 apart).
-        Once both switch steps between plain decoding and the speculative mode were measured
-        (``switch_time``), a probe is priced with them: a speculative probe is its entering step (1 token), P
-        verifying steps and the leaving step that verifies the last drafts (m tokens); a plain probe is the
-        leaving step (m tokens), ``PROBE_STEPS`` - 1 plain steps and the step entering speculation again (session
-        30, H100, MT-Bench b=64: a probe lost ~6.6 ms where the steady-state prices said ~2 ms)."""
+        cost at most ``PROBE_BUDGET`` of the best mode's throughput: the time a probe loses
+        (``switch_costs.probe_time_lost``, with the switch steps once measured) over the gap's g steps of the
+        best mode (g t_b) must stay within the budget. H100, b=64 (session 29): plain 1.13 ms, decoupled DFlash
+        3.25 ms per step; at MT-Bench's MAL 1.95 a probe every 64 decisions cost ~5.8% of the bucket's
+        throughput (now >= 373 decisions apart), at GSM8K's 3.24 ~1.8% (>= 115 apart)."""
         t_b, t_r = self.step_time(best, bucket), self.step_time(runner_up, bucket)
         if tuning.PROBE_BUDGET <= 0 or not t_b or not t_r:
             return 0.0
-        m_b = 1.0 if best == "plain" else spec_tokens
         spec = best if runner_up == "plain" else runner_up
         t_e, t_x = self.switch_time("enter", spec, bucket), self.switch_time("exit", spec, bucket)
-        m = max(spec_tokens, 1.0)
-        if "plain" not in (best, runner_up) or t_e is None or t_x is None:  # steady-state prices
-            if runner_up == "plain":
-                steps, emitted = tuning.PROBE_STEPS, float(tuning.PROBE_STEPS)
-            else:
-                steps = 1 + tuning.PROBE_VERIFICATIONS
-                first = 1.0 if best == "plain" else spec_tokens  # entered from plain: no drafts to verify yet
-                emitted = first + tuning.PROBE_VERIFICATIONS * spec_tokens
-            spent = steps * t_r
-        elif runner_up == "plain":  # leave (verifies the last drafts), plain steps, enter again (1 token)
-            spent = t_x + (tuning.PROBE_STEPS - 1) * t_r + t_e
-            emitted = m + tuning.PROBE_STEPS
-        else:  # enter (1 token), the verifying steps, leave (verifies the last drafts: m tokens)
-            spent = t_e + tuning.PROBE_VERIFICATIONS * t_r + t_x
-            emitted = 1.0 + (tuning.PROBE_VERIFICATIONS + 1) * m
-        lost = spent - emitted * t_b / m_b
-        return max(lost, 0.0) / (tuning.PROBE_BUDGET * t_b)
+        lost = probe_time_lost(best, runner_up, t_b, t_r, spec_tokens, t_e, t_x)
+        return lost / (tuning.PROBE_BUDGET * t_b)
 
     def _decision(self, mode: str) -> Decision:
         return self._count(Decision(mode, 0 if mode == "plain" else self.spec.num_speculative_tokens))
@@ -378,21 +356,11 @@ class SpeculationPolicy:
         return t
 
     def round_trip_factor(self, mode: str, bucket: int, tokens_per_step: float) -> float:
-        """Share of ``mode``'s steady-state rate left over a stretch of ``SWITCH_HORIZON`` (H) steps entered from
-        plain decoding and left again. With both switch steps measured (``switch_time``): the entering step
-        (t_e) emits 1 token, H - 1 steady steps (t_s) m each, the leaving step (t_x) verifies the last drafts
-        and emits m, so the stretch runs at (1 + H m) / (t_e + (H - 1) t_s + t_x) against m / t_s. Otherwise
-        ``entry_factor`` (the entering step priced as a steady one). Session 30, H100, b=64: entering steps
-        took 3.7-5.0 ms and leaving ones 3.2-3.8 ms against 2.6-2.8 ms steady (the drafter catches up on the
-        context the plain steps left; the leaving step's tail), which the steady-state price did not see."""
+        """Share of ``mode``'s steady-state rate left over a stretch entered from plain decoding and left again
+        (``switch_costs.round_trip_share``, with the switch steps at ``bucket`` once measured)."""
         t_s = self.step_time(mode, bucket)
-        t_e = self.switch_time("enter", mode, bucket)
-        t_x = self.switch_time("exit", mode, bucket)
-        m = max(tokens_per_step, 1.0)
-        if not t_s or t_e is None or t_x is None:
-            return entry_factor(m)
-        h = tuning.SWITCH_HORIZON
-        return (1.0 + h * m) * t_s / (m * (t_e + (h - 1) * t_s + t_x))
+        t_e, t_x = self.switch_time("enter", mode, bucket), self.switch_time("exit", mode, bucket)
+        return round_trip_share(tokens_per_step, t_s, t_e, t_x)
 
     # ---- feedback -------------------------------------------------------------------------------------------
     def previous_mode(self, mode: str, previous: str | None = None) -> str:
