@@ -108,6 +108,18 @@ def test_steps_that_prefill_cost_what_spec_bench_measured(tmp_path):
         assert with_cost["decoupled"] < 0.8 * without["decoupled"]
 
 
+def test_switch_steps_cost_what_switch_costs_say(tmp_path):
+    """``--switch-costs ENTER,EXIT``: the step entering speculation and the one leaving it cost these multiples
+    of a speculative step. Drafts never accepted: auto decodes plainly but for its probe at batch 1, whose two
+    switch steps at 5x cost it ~1% more than at 1x (the policy prices them once it has timed them)."""
+    base = _docs(tmp_path, 0, {"plain": 1.0, "spec": 2.0}) + ["--max-tokens", "64"]
+    cheap, dear = replay_main(base), replay_main([*base, "--switch-costs", "5,5"])
+    b1 = [(c, d) for c, d in zip(cheap["points"], dear["points"]) if c["batch_size"] == 1]
+    for c, d in b1:
+        assert c["auto_entries"] == d["auto_entries"] >= 1  # the probe happens in both
+        assert d["auto"] < 0.995 * c["auto"] and d["plain"] == pytest.approx(c["plain"])
+
+
 def test_overrides_name_real_constants():
     from flexspec.spec import policy_tuning as policy
 
@@ -140,6 +152,8 @@ def test_overrides_name_real_constants():
         (["--set", "PRIOR_KEEP=2"], "follows PRIOR_HALF_LIFE; set that instead"),
         (["--datasets", ""], "--datasets ''"),
         (["--datasets", "gsm8k,nope"], "the traces hold"),
+        (["--switch-costs", "2"], "expected ENTER,EXIT"),
+        (["--switch-costs", "0,1"], "both multiples must be positive"),
         (["swap"], "is not a flexspec.bench.acceptance_trace result"),
     ],
 )
