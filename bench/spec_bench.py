@@ -194,9 +194,7 @@ def measure_point(
         }
         # the step times it decided with at the end of this point ("mode@bucket" -> ms), and the
         # engine's warm-up profile they started from
-        point["policy_step_ms"] = {
-            f"{m}@{b_}": round(st.seconds * 1e3, 4) for (m, b_), st in sorted(policy.step_times.items())
-        }
+        point["policy_step_ms"] = policy.estimates_ms()
         point["speculation_profile_ms"] = getattr(engine, "speculation_profile", {})
     return point
 

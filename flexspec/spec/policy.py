@@ -362,6 +362,15 @@ class SpeculationPolicy:
         t_e, t_x = self.switch_time("enter", mode, bucket), self.switch_time("exit", mode, bucket)
         return round_trip_share(tokens_per_step, t_s, t_e, t_x)
 
+    def estimates_ms(self) -> dict[str, float]:
+        """{"mode@bucket": ms}: every measured (mode, bucket)'s estimate as the policy uses it (``step_time``;
+        ``switch_time`` for the switch steps, "enter:mode" / "exit:mode")."""
+        out = {}
+        for m, b in sorted(self.step_times):
+            t = self.switch_time(*m.split(":"), b) if ":" in m else self.step_time(m, b)
+            out[f"{m}@{b}"] = round((t or 0.0) * 1e3, 4)
+        return out
+
     # ---- feedback -------------------------------------------------------------------------------------------
     def previous_mode(self, mode: str, previous: str | None = None) -> str:
         """The decision before the step being observed (``observe``'s ``previous``): as given, else the one
