@@ -274,6 +274,9 @@ def test_measured_switch_steps_price_a_round_trip():
     assert (
         pol.switch_time("enter", "decoupled", 64) == 3.5 and pol.switch_time("exit", "decoupled", 32) == 3.0
     )
+    est = pol.estimates_ms()  # what spec_bench records as policy_step_ms
+    assert est["enter:decoupled@64"] == 3500.0 and est["exit:decoupled@64"] == 3000.0
+    assert est["plain@64"] == 1000.0 and est["decoupled@64"] == 2000.0
     h, m = SWITCH_HORIZON, 2.3
     factor = (1 + h * m) * 2.0 / (m * (3.5 + (h - 1) * 2.0 + 3.0))
     assert pol.round_trip_factor("decoupled", 64, m) == pytest.approx(factor)
