@@ -1,0 +1,153 @@
+"""Summarize ``bench.spec_bench --step-log`` output: where each system's step time goes, by mode and switch.
+
+    python -m bench.step_log_report bench/results/.../steps.tgz [--output report.json]
+
+The step log holds one JSON line per engine step (``{system}_{dataset}_b{batch}.jsonl``, rounds of ``--repeats``
+appended with their ``round``). Each step is classed by its mode and the mode of the step before it (in the
+same round): ``steady`` (same mode), ``enter`` (plain decoding -> a speculative mode: drafts without verifying),
+``exit`` (speculative -> plain: verifies the last drafts without drafting), ``switch`` (between two speculative
+modes) or ``start`` (a round's first step); steps that also prefilled a prompt are ``prefill`` whatever their
+mode. Per (mode, class): steps, wall and executor (launch + wait for the device) ms as mean and p50, the host
+share (wall - executor, mean), the share launched ahead of the previous step's output processing, and the share
+of the file's total wall time. The policy times the same classes (``SpeculationPolicy.observe``); this is the
+offline view, e.g. of what ``auto`` pays for its switches (session 30's step logs: a switch at b=64 cost 1.2-1.9
+steady speculative steps).
+
+Input: a folder of ``.jsonl`` step logs or a ``.tgz`` / ``.tar.gz`` of one (as stored under ``bench/results``).
+Output: one block per file on stdout; ``--output`` writes the JSON (``schema`` flexspec.bench.step_log_report/1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tarfile
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.cli import main_entry
+from bench.common import JsonReport, environment, log, median
+
+SCHEMA = "flexspec.bench.step_log_report/1"
+
+
+def step_class(previous: str | None, mode: str, decode: bool) -> str:
+    """The class of a step of ``mode`` after a step of ``previous`` (None: the round's first step)."""
+    if not decode:
+        return "prefill"
+    if previous is None:
+        return "start"
+    if previous == mode:
+        return "steady"
+    if previous == "plain":
+        return "enter"
+    return "exit" if mode == "plain" else "switch"
+
+
+def _read_logs(source: Path) -> Iterator[tuple[str, list[str]]]:
+    """(file name, lines) of every ``.jsonl`` step log in a folder or a tar archive, sorted by name."""
+    if source.is_dir():
+        for path in sorted(source.rglob("*.jsonl")):
+            yield path.name, path.read_text().splitlines()
+        return
+    try:
+        with tarfile.open(source) as tar:
+            members = sorted(
+                (m for m in tar.getmembers() if m.isfile() and m.name.endswith(".jsonl")),
+                key=lambda m: m.name,
+            )
+            for m in members:
+                f = tar.extractfile(m)
+                if f is not None:
+                    yield Path(m.name).name, f.read().decode().splitlines()
+    except (tarfile.TarError, OSError) as e:
+        raise ValueError(f"{source}: neither a folder nor a readable tar archive ({e})") from None
+
+
+def summarize(name: str, lines: list[str]) -> dict[str, Any]:
+    """One step log's summary (see the module doc). Raises ValueError for a line that is not a step record."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    previous: str | None = None
+    current_round = None
+    total = 0.0
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            mode, wall, exe, decode = (
+                rec["mode"],
+                float(rec["wall_ms"]),
+                float(rec["exec_ms"]),
+                bool(rec["decode"]),
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise ValueError(f"{name} line {i}: not a spec_bench step record") from None
+        if rec.get("round") != current_round:
+            current_round, previous = rec.get("round"), None
+        groups[(mode, step_class(previous, mode, decode))].append({**rec, "wall_ms": wall, "exec_ms": exe})
+        previous = mode
+        total += wall
+    rows = []
+    for (mode, cls), steps in sorted(groups.items()):
+        wall = [s["wall_ms"] for s in steps]
+        exe = [s["exec_ms"] for s in steps]
+        rows.append(
+            {
+                "mode": mode,
+                "class": cls,
+                "steps": len(steps),
+                "wall_ms_mean": round(sum(wall) / len(wall), 4),
+                "wall_ms_p50": round(median(wall), 4),
+                "exec_ms_mean": round(sum(exe) / len(exe), 4),
+                "exec_ms_p50": round(median(exe), 4),
+                "host_ms_mean": round((sum(wall) - sum(exe)) / len(wall), 4),
+                "ahead_share": round(sum(bool(s.get("ahead")) for s in steps) / len(steps), 4),
+                "time_share": round(sum(wall) / total, 4) if total else 0.0,
+            }
+        )
+    return {
+        "file": name,
+        "steps": sum(r["steps"] for r in rows),
+        "wall_ms_total": round(total, 3),
+        "rows": rows,
+    }
+
+
+def build_parser(prog: str = "python -m bench.step_log_report") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("source", help="folder of spec_bench --step-log files, or a .tgz of one")
+    p.add_argument("--output", default=None, help="write the summary as JSON here")
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m bench.step_log_report") -> dict[str, Any]:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    source = Path(args.source)
+    if not source.exists():
+        parser.error(f"{source}: no such file or folder")
+    try:
+        files = [summarize(name, lines) for name, lines in _read_logs(source)]
+    except ValueError as e:
+        parser.error(str(e))
+    if not files:
+        parser.error(f"{source}: no .jsonl step logs in it")
+    doc = {"schema": SCHEMA, "env": environment(), "config": vars(args), "files": files}
+    if args.output:
+        JsonReport(args.output, doc).save()
+    for f in files:
+        log(f"{f['file']}: {f['steps']} steps, {f['wall_ms_total']:.1f} ms")
+        for r in f["rows"]:
+            log(
+                f"  {r['mode']:>10s} {r['class']:>7s} {r['steps']:6d} steps  wall {r['wall_ms_mean']:7.3f} "
+                f"(p50 {r['wall_ms_p50']:.3f})  exec {r['exec_ms_mean']:7.3f}  host {r['host_ms_mean']:6.3f}  "
+                f"ahead {r['ahead_share']:.2f}  time {100 * r['time_share']:5.1f}%"
+            )
+    return doc
+
+
+if __name__ == "__main__":
+    main_entry(main)
