@@ -282,6 +282,7 @@ class SpeculationPolicy:
         engine's sequences: this runs before every step, for every request of the batch)."""
         g = self.prior()
         scheduled = sched.scheduled
+        half = tuning.REQUEST_PRIOR_WEIGHT  # a local: ~3 us per b=64 decision
         try:
             own = 0.0
             for s in scheduled:
@@ -289,7 +290,7 @@ class SpeculationPolicy:
                 r = seq.spec_tokens_per_step
                 if r is not None:
                     n = seq.spec_num_verifications
-                    own += n / (n + tuning.REQUEST_PRIOR_WEIGHT) * seq.spec_estimate_weight * (r - g)
+                    own += n / (n + half) * seq.spec_estimate_weight * (r - g)
             return g + own / max(len(scheduled), 1)
         except AttributeError:  # entries without the engine's per-request fields
             total = sum(self.request_tokens_per_step(getattr(s, "seq", None), g) for s in scheduled)
@@ -472,8 +473,9 @@ class SpeculationPolicy:
         """Requests that emitted a token without verifying drafts (a plain step): their own MAL evidence weighs
         ``STALE_KEEP`` times less against the prior (see the module doc). One call per step for all of them
         (at batch 64 a call per request was ~0.3 us each of the step's host time)."""
+        keep = tuning.STALE_KEEP
         for seq in seqs:
-            seq.spec_estimate_weight *= tuning.STALE_KEEP
+            seq.spec_estimate_weight *= keep
 
     def observe_request(self, seq, num_draft_tokens: int, num_accepted: int) -> None:
         """Update one request's MAL estimate after a step that emitted tokens for it, having verified
