@@ -187,10 +187,14 @@ class Replay:
             for mode in self.policy.options:
                 self.policy.forced = mode
                 self.run([trace] * b, 1 + (WARMUP_SAMPLES + 2) * (self.k + 1), b, None)
+                if mode != "plain":  # the engine's profile times both switch steps once per bucket
+                    t = self.times.mean(mode, b)
+                    self.policy.profile[(f"enter:{mode}", b)] = [t * self.enter_cost]
+                    self.policy.profile[(f"exit:{mode}", b)] = [t * self.exit_cost]
             b *= 2
         for key, t in profile.items():
-            if key[0] in self.policy.options:
-                self.policy.profile[key] = [t] * WARMUP_SAMPLES
+            if key[0].split(":")[-1] in self.policy.options:
+                self.policy.profile[key] = [t] * (1 if ":" in key[0] else WARMUP_SAMPLES)
         self.policy.finish_profile()
 
     def run(self, traces: list[list[int | None]], max_tokens: int, batch_size: int, mode: str | None) -> dict:
@@ -294,7 +298,8 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
         default="1,1",
         metavar="ENTER,EXIT",
         help="a step entering speculation from plain decoding, and the step leaving it (verifying the last "
-        "drafts), cost these multiples of the speculative mode's step (H100, session 30, b=64: ~1.6, ~1.3)",
+        "drafts), cost these multiples of the speculative mode's step (H100, session 30's final logs, "
+        "bench.step_log_report, b=16-64: ~1.0-1.3 and ~1.0-1.2; b=1: ~0.5-0.9 and ~1.9)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -353,7 +358,7 @@ def _switch_costs(text: str) -> tuple[float, float]:
     except ValueError:
         raise ValueError(f"--switch-costs {text!r}: expected ENTER,EXIT, two numbers") from None
     if not (enter > 0 and exit_ > 0 and math.isfinite(enter) and math.isfinite(exit_)):
-        raise ValueError(f"--switch-costs {text!r}: both multiples must be positive")
+        raise ValueError(f"--switch-costs {text!r}: both multiples must be positive finite numbers")
     return enter, exit_
 
 

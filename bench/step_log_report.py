@@ -7,11 +7,11 @@ appended with their ``round``). Each step is classed by its mode and the mode of
 same round): ``steady`` (same mode), ``enter`` (plain decoding -> a speculative mode: drafts without verifying),
 ``exit`` (speculative -> plain: verifies the last drafts without drafting), ``switch`` (between two speculative
 modes) or ``start`` (a round's first step); steps that also prefilled a prompt are ``prefill`` whatever their
-mode. Per (mode, class): steps, wall and executor (launch + wait for the device) ms as mean and p50, the host
-share (wall - executor, mean), the share launched ahead of the previous step's output processing, and the share
-of the file's total wall time. The policy times the same classes (``SpeculationPolicy.observe``); this is the
-offline view, e.g. of what ``auto`` pays for its switches (session 30's step logs: a switch at b=64 cost 1.2-1.9
-steady speculative steps).
+mode. Per (batch-size bucket as the policy's: 1, 2, 4, ... sequences; mode; class): steps, wall and executor
+(launch + wait for the device) ms as mean and p50, the host share (wall - executor, mean), the share launched
+ahead of the previous step's output processing, and the share of the file's total wall time. The policy times the same classes (``SpeculationPolicy.observe``); this is the
+offline view, e.g. of what ``auto`` pays for its switches (session 30's H100 logs, b=64: entering speculation
+cost up to 4.5 steady speculative steps before that session's cheaper entry, 1.0-1.3 after it).
 
 Input: a folder of ``.jsonl`` step logs or a ``.tgz`` / ``.tar.gz`` of one (as stored under ``bench/results``).
 Output: one block per file on stdout; ``--output`` writes the JSON (``schema`` flexspec.bench.step_log_report/1).
@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tarfile
+import zlib
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,7 @@ from typing import Any
 
 from bench.cli import main_entry
 from bench.common import JsonReport, environment, log, median
+from flexspec.spec.step_times import batch_bucket
 
 SCHEMA = "flexspec.bench.step_log_report/1"
 
@@ -46,12 +49,22 @@ def step_class(previous: str | None, mode: str, decode: bool) -> str:
     return "exit" if mode == "plain" else "switch"
 
 
+def _text(name: str, data: bytes) -> list[str]:
+    try:
+        return data.decode().splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{name}: not UTF-8 text") from None
+
+
 def _read_logs(source: Path) -> Iterator[tuple[str, list[str]]]:
-    """(file name, lines) of every ``.jsonl`` step log in a folder or a tar archive, sorted by name."""
+    """(file name, lines) of every ``.jsonl`` step log in a folder or a tar archive, sorted by name. Raises
+    ValueError for anything else, a damaged archive or a file that is not UTF-8 text."""
     if source.is_dir():
         for path in sorted(source.rglob("*.jsonl")):
-            yield path.name, path.read_text().splitlines()
+            yield path.name, _text(path.name, path.read_bytes())
         return
+    if not tarfile.is_tarfile(source):
+        raise ValueError(f"{source}: neither a folder of step logs nor a tar archive of one")
     try:
         with tarfile.open(source) as tar:
             members = sorted(
@@ -61,41 +74,49 @@ def _read_logs(source: Path) -> Iterator[tuple[str, list[str]]]:
             for m in members:
                 f = tar.extractfile(m)
                 if f is not None:
-                    yield Path(m.name).name, f.read().decode().splitlines()
-    except (tarfile.TarError, OSError) as e:
-        raise ValueError(f"{source}: neither a folder nor a readable tar archive ({e})") from None
+                    yield Path(m.name).name, _text(m.name, f.read())
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:  # truncated or damaged
+        raise ValueError(f"{source}: damaged archive ({type(e).__name__}: {e})") from None
+
+
+def _record(name: str, i: int, line: str) -> tuple[dict[str, Any], str, float, float, bool, int]:
+    """(record, mode, wall ms, executor ms, decode, bucket) of one step line. Raises ValueError otherwise."""
+    try:
+        rec = json.loads(line)
+        mode, decode = rec["mode"], rec["decode"]
+        wall, exe = float(rec["wall_ms"]), float(rec["exec_ms"])
+        bucket = batch_bucket(int(rec["num_seqs"]))
+        ok = isinstance(mode, str) and isinstance(decode, bool) and math.isfinite(wall + exe)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} line {i}: not a spec_bench step record")
+    return rec, mode, wall, exe, decode, bucket
 
 
 def summarize(name: str, lines: list[str]) -> dict[str, Any]:
     """One step log's summary (see the module doc). Raises ValueError for a line that is not a step record."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[int, str, str], list[dict[str, Any]]] = defaultdict(list)
     previous: str | None = None
     current_round = None
     total = 0.0
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-            mode, wall, exe, decode = (
-                rec["mode"],
-                float(rec["wall_ms"]),
-                float(rec["exec_ms"]),
-                bool(rec["decode"]),
-            )
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise ValueError(f"{name} line {i}: not a spec_bench step record") from None
+        rec, mode, wall, exe, decode, bucket = _record(name, i, line)
         if rec.get("round") != current_round:
             current_round, previous = rec.get("round"), None
-        groups[(mode, step_class(previous, mode, decode))].append({**rec, "wall_ms": wall, "exec_ms": exe})
+        key = (bucket, mode, step_class(previous, mode, decode))
+        groups[key].append({**rec, "wall_ms": wall, "exec_ms": exe})
         previous = mode
         total += wall
     rows = []
-    for (mode, cls), steps in sorted(groups.items()):
+    for (bucket, mode, cls), steps in sorted(groups.items()):
         wall = [s["wall_ms"] for s in steps]
         exe = [s["exec_ms"] for s in steps]
         rows.append(
             {
+                "bucket": bucket,
                 "mode": mode,
                 "class": cls,
                 "steps": len(steps),
@@ -142,7 +163,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.step_log_re
         log(f"{f['file']}: {f['steps']} steps, {f['wall_ms_total']:.1f} ms")
         for r in f["rows"]:
             log(
-                f"  {r['mode']:>10s} {r['class']:>7s} {r['steps']:6d} steps  wall {r['wall_ms_mean']:7.3f} "
+                f"  b<={r['bucket']:<3d} {r['mode']:>10s} {r['class']:>7s} {r['steps']:6d} steps  wall {r['wall_ms_mean']:7.3f} "
                 f"(p50 {r['wall_ms_p50']:.3f})  exec {r['exec_ms_mean']:7.3f}  host {r['host_ms_mean']:6.3f}  "
                 f"ahead {r['ahead_share']:.2f}  time {100 * r['time_share']:5.1f}%"
             )

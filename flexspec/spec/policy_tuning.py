@@ -8,7 +8,7 @@ REEXPLORE_EVERY = 64  # decisions per bucket before the first re-measurement of 
 REEXPLORE_MAX = 1024  # the interval doubles after each re-measurement, up to this many decisions
 PROBE_SURPRISE = 0.2  # a probe's time this far from the estimate restarts the bucket's probe back-off
 SWITCH_HORIZON = 16  # speculative steps over which entering speculation (one draftless step) must pay
-PROBE_STEPS = 2  # consecutive steps of a re-measurement of plain (the first is a switch step, not recorded)
+PROBE_STEPS = 2  # consecutive steps of a re-measurement of plain (the first, a switch step, is timed as one)
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
 PROBE_BUDGET = 0.01  # expected throughput a bucket's probes may cost (share of the best mode's); 0 = no limit
@@ -28,3 +28,4 @@ STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
 PRIOR_HALF_LIFE = 128  # plain steps without a verification that halve the weight of G's evidence
 PRIOR_KEEP = 0.5 ** (1 / PRIOR_HALF_LIFE)
 PRIOR_MIN_WEIGHT = 32.0  # aging never takes G's evidence below this many verifications (16: probes' noise)
+SWITCH_MAX = 3.0  # a switch step is priced at most this many steady speculative steps (one-off costs: see switch_costs)

@@ -23,14 +23,22 @@ def round_trip_share(
     entered from plain decoding and left again. With both switch steps measured: the entering step (``t_enter``)
     emits 1 token, H - 1 steady steps (``t_steady``) m each, the leaving step (``t_exit``) verifies the last
     drafts and emits m, so the stretch runs at (1 + H m) / (t_e + (H - 1) t_s + t_x) against m / t_s.
-    Otherwise ``entry_factor`` (the entering step priced as a steady one). Session 30, H100, b=64: entering
-    steps took 3.7-5.0 ms and leaving ones 3.2-3.8 ms against 2.6-2.8 ms steady (the drafter catches up on the
-    context the plain steps left; the leaving step's tail), which the steady-state price did not see."""
+    Otherwise ``entry_factor`` (the entering step priced as a steady one), which is also the most a measured
+    round trip keeps: cheap switch steps must not take away the hysteresis that stops near-break-even batches
+    flipping between the modes (each flip loses a draftless step and the plain steps' launch ahead; with switch
+    steps as cheap as this CPU's at b=2-4 the uncapped share exceeded 1 and a replay flipped on every step). Each
+    switch step is priced at most ``SWITCH_MAX`` steady steps, so that one slow sample (a first-time compile, a
+    host hiccup; the warm-up profile leaves one per bucket) cannot price speculation out of a bucket for good:
+    a new sample comes only from a switch, and a mode priced far below the best is not even probed.
+    Session 30's H100 step logs (``bench.step_log_report``, per bucket, p50): with that session's final code
+    entering steps cost 0.97-1.27 and leaving ones 0.96-1.24 steady speculative steps at b=16-64; before its
+    cheaper entry, entering ones up to 4.5 at b=64; at b=1 (earlier runs) entering 0.53-0.88, leaving 1.84-1.99."""
     m = max(tokens_per_step, 1.0)
     if not t_steady or t_enter is None or t_exit is None:
         return entry_factor(m)
-    h = tuning.SWITCH_HORIZON
-    return (1.0 + h * m) * t_steady / (m * (t_enter + (h - 1) * t_steady + t_exit))
+    h, cap = tuning.SWITCH_HORIZON, tuning.SWITCH_MAX * t_steady
+    measured = (1.0 + h * m) * t_steady / (m * (min(t_enter, cap) + (h - 1) * t_steady + min(t_exit, cap)))
+    return min(measured, entry_factor(m))
 
 
 def probe_time_lost(
@@ -50,10 +58,13 @@ def probe_time_lost(
     decoding and the speculative mode measured (``t_enter``, ``t_exit``): a speculative probe is its entering
     step (1 token), ``PROBE_VERIFICATIONS`` verifying steps and the leaving step that verifies the last drafts (m
     tokens); a plain probe is the leaving step (m tokens), ``PROBE_STEPS`` - 1 plain steps and the step entering
-    speculation again (1 token). Session 30, H100, MT-Bench b=64: a probe lost ~6.6 ms where the steady-state
-    prices said ~2 ms."""
+    speculation again (1 token). Switch steps are capped at ``SWITCH_MAX`` steady steps of the speculative mode
+    (``round_trip_share``)."""
     m = max(tokens_per_step, 1.0)
     m_best = 1.0 if best == "plain" else m
+    if t_enter is not None and t_exit is not None:
+        cap = tuning.SWITCH_MAX * (t_best if runner_up == "plain" else t_runner_up)  # the speculative mode's
+        t_enter, t_exit = min(t_enter, cap), min(t_exit, cap)
     if "plain" not in (best, runner_up) or t_enter is None or t_exit is None:  # steady-state prices
         if runner_up == "plain":
             steps, emitted = tuning.PROBE_STEPS, float(tuning.PROBE_STEPS)

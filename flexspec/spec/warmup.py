@@ -18,6 +18,16 @@ _PROFILE_PROMPT = (
 )
 
 
+def _phases(modes: list[str], steps_per_mode: int) -> list[tuple[str, int]]:
+    """(mode, steps) of the profile at one bucket: ``modes[0]`` is plain decoding; every mode runs
+    ``steps_per_mode`` + 2 steps (its first is a switch step) and each speculative mode is followed by one plain step (leaving it; the next speculative mode is then entered
+    from plain decoding), so both switch steps of every speculative mode are timed."""
+    out = [(modes[0], steps_per_mode + 2)]
+    for mode in modes[1:]:
+        out += [(mode, steps_per_mode + 2), (modes[0], 1)]
+    return out
+
+
 def profile_speculation(
     engine: LLMEngine, steps_per_mode: int, max_batch_size: int | None = None
 ) -> dict[str, float]:
@@ -63,9 +73,9 @@ def profile_speculation(
                 not engine.seqs[i].output_token_ids for i in ids if i in engine.seqs
             ):
                 engine.step()
-            # each mode's first step is a switch step (timed as one, SpeculationPolicy.switch_time); the last
-            # phase times the step leaving speculation
-            for mode, steps in [*((m, steps_per_mode + 2) for m in modes), (modes[0], 1)]:
+            # each mode's first step is a switch step (timed as one, SpeculationPolicy.switch_time): one plain
+            # step after each speculative mode times leaving it, so the next one's first step times entering it
+            for mode, steps in _phases(modes, steps_per_mode):
                 policy.forced = mode
                 for _ in range(steps):
                     if not engine.has_unfinished:

@@ -45,6 +45,7 @@ def test_steps_are_classed_per_round_and_summarized(tmp_path):
     _write(tmp_path / "steps", "auto_gsm8k_b4.jsonl", steps)
     doc = report_main([str(tmp_path / "steps"), "--output", str(tmp_path / "r.json")])
     (f,) = doc["files"]
+    assert {r["bucket"] for r in f["rows"]} == {4}  # 4 sequences in every step
     rows = {(r["mode"], r["class"]): r for r in f["rows"]}
     assert f["steps"] == 9 and f["wall_ms_total"] == 29.0
     assert {k: r["steps"] for k, r in rows.items()} == {
@@ -76,6 +77,14 @@ def test_steps_are_classed_per_round_and_summarized(tmp_path):
         ("", "no .jsonl step logs"),
         ('{"mode": "plain"}\n', "line 1: not a spec_bench step record"),
         ("not json\n", "line 1: not a spec_bench step record"),
+        (json.dumps({**_step("plain", 1, 1), "mode": None}) + "\n", "line 1: not a spec_bench step record"),
+        (json.dumps({**_step("plain", 1, 1), "mode": ["x"]}) + "\n", "line 1: not a spec_bench step record"),
+        (
+            json.dumps({**_step("plain", 1, 1), "decode": "false"}) + "\n",
+            "line 1: not a spec_bench step record",
+        ),
+        (json.dumps(_step("plain", float("nan"), 1)) + "\n", "line 1: not a spec_bench step record"),
+        (b"\xff\xfe\n", "x_gsm8k_b1.jsonl: not UTF-8 text"),
     ],
 )
 def test_bad_input_is_one_usage_error(tmp_path, capsys, content, message):
@@ -83,7 +92,25 @@ def test_bad_input_is_one_usage_error(tmp_path, capsys, content, message):
     if content is not None:
         folder.mkdir()
         if content:
-            (folder / "x_gsm8k_b1.jsonl").write_text(content)
+            path = folder / "x_gsm8k_b1.jsonl"
+            path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
     with pytest.raises(SystemExit) as exc:
         report_main([str(folder)])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_tar"])
+def test_a_damaged_archive_is_one_usage_error(tmp_path, capsys, damage):
+    _write(tmp_path / "steps", "a_gsm8k_b1.jsonl", [_step("plain", 1.0, 0.5)] * 2000)
+    with tarfile.open(tmp_path / "steps.tgz", "w:gz") as tar:
+        tar.add(tmp_path / "steps", arcname="steps")
+    data = (tmp_path / "steps.tgz").read_bytes()
+    bad = tmp_path / "bad.tgz"
+    bad.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"plain text, not an archive\n")
+    with pytest.raises(SystemExit) as exc:
+        report_main([str(bad)])
+    err = capsys.readouterr().err
+    assert (
+        exc.value.code == 2 and ("damaged archive" if damage == "truncated" else "nor a tar archive") in err
+    )
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 2  # usage line + one error line

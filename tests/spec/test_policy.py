@@ -27,6 +27,7 @@ from flexspec.spec.policy_tuning import (
     STALE_HALF_LIFE,
     STALE_KEEP,
     SWITCH_HORIZON,
+    SWITCH_MAX,
     WARMUP_SAMPLES,
 )
 
@@ -285,6 +286,33 @@ def test_measured_switch_steps_price_a_round_trip():
     assert pol.decide(_sched(64)).mode == "plain"
     pol.last_modes = ["decoupled"]
     assert pol.decide(_sched(64)).mode == "decoupled"
+
+
+def test_switch_step_prices_are_bounded():
+    """A switch step is priced at most SWITCH_MAX steady steps, so one slow sample (the warm-up profile leaves
+    one per bucket; a first-time compile) cannot price speculation out of a bucket for good: a new sample comes
+    only from a switch. And a measured round trip never keeps more than entry_factor: cheap switch steps do not
+    make leaving and re-entering pay (flip-flops near break-even)."""
+    pol = _policy(execution="auto")
+    _train(pol, 4, {"plain": 1.0, "decoupled": 1.5, "parallel": 50.0}, [0.5, 0.3, 0.1, 0.05])
+    for key in [k for k in pol.step_times if ":" in k[0]]:
+        del pol.step_times[key]
+    pol.observe("decoupled", 4, 50.0, [0.5], previous="plain")  # a one-off: 33 steady steps
+    pol.observe("plain", 4, 1.6, None, previous="decoupled")
+    m = 2.0
+    capped = (1 + SWITCH_HORIZON * m) * 1.5 / (m * (SWITCH_MAX * 1.5 + (SWITCH_HORIZON - 1) * 1.5 + 1.6))
+    assert pol.round_trip_factor("decoupled", 4, m) == pytest.approx(capped) and capped > 0.8
+    pol.prior_tokens_per_step, pol.num_verifications = m, MIN_PRIOR_VERIFICATIONS  # decoupled: 1.33x plain
+    modes = _run(pol, {"plain": 1.0, "decoupled": 1.5, "parallel": 50.0}, [0.5, 0.3, 0.2], 300, n=4)
+    assert modes.count("decoupled") > 250  # entered (the one-off alone said 0.33 of the steady rate: never)
+    assert (
+        pol.switch_time("enter", "decoupled", 4) < 50.0
+    )  # and re-measured: the minimum of the first samples
+    # cheap switch steps: the measured share would exceed 1; it is held at entry_factor
+    for _ in range(WARMUP_SAMPLES):
+        pol.observe("decoupled", 4, 0.5, [0.5], previous="plain")
+        pol.observe("plain", 4, 0.5, None, previous="decoupled")
+    assert pol.round_trip_factor("decoupled", 4, m) == entry_factor(m)
 
 
 # ---- per-request estimates: shrinkage toward the prior and ageing while plain (issue 6, batch 1) -------------

@@ -4,10 +4,12 @@ starts from those medians, and nothing of the dummy requests leaks into the engi
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from configs import SamplingParams
 from flexspec.spec.policy_tuning import WARMUP_SAMPLES
+from flexspec.spec.warmup import _phases
 from tests.spec.conftest import spec_engine
 
 
@@ -44,3 +46,19 @@ def test_profile_fills_every_mode_and_bucket_and_leaves_no_trace(plain_128):
 def test_profile_off_on_cpu_by_default():
     eng = spec_engine({"method": "ngram", "num_speculative_tokens": 2})
     assert eng.speculation_profile == {} and eng.policy.step_times == {}
+
+
+def test_profile_phases_time_both_switch_steps_of_every_mode():
+    """FlexDraft's modes: plain -> decoupled -> parallel left decoupled -> parallel, a switch the policy does
+    not time, so neither mode had both switch steps measured. A plain step after each speculative mode times
+    leaving it, and the next one is entered from plain decoding."""
+    phases = _phases(["plain", "decoupled", "parallel"], 3)
+    assert phases == [("plain", 5), ("decoupled", 5), ("plain", 1), ("parallel", 5), ("plain", 1)]
+    modes = [m for m, n in phases for _ in range(n)]
+    pairs = {(a, b) for a, b in itertools.pairwise(modes) if a != b}
+    assert pairs == {
+        ("plain", "decoupled"),
+        ("decoupled", "plain"),
+        ("plain", "parallel"),
+        ("parallel", "plain"),
+    }
