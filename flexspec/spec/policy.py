@@ -97,13 +97,13 @@ profile times both). Switching from plain decoding to speculation costs a step: 
 no drafts to verify yet, so it pays for one token. Speculation is entered only if it pays with the switch
 counted: over ``SWITCH_HORIZON`` speculative steps, one of which emits 1 token instead of m, the entering step
 priced as a steady one (``entry_factor``) until both switch steps were timed, then at their measured times
-(``round_trip_factor``: at b=64 on the H100 they cost 1.2-1.9 steady speculative steps, the drafter catching
-up on the context plain steps left; ``bench.policy_replay --switch-costs 1.6,1.3`` over session 26's H200
-times, 21 points x 4 seeds, ``bench/results/cpu-2026-12-06-s32/replay/``: mean ``auto`` / best 0.9725 -> 0.9752;
-GSM8K b=64 ``auto`` / plain 0.888 -> 0.937, where the replay's traces make always-decoupled 1.2x plain and the
-priced way back keeps ``auto`` speculating longer once in; MT-Bench b=64, where plain decoding wins, 0.966 ->
-0.969; the other points within the seeds' noise; with switch steps as cheap as steady ones, ``--switch-costs
-1,1``, unchanged: 0.9758 / 0.9759). Leaving speculation likewise needs plain decoding to win by that margin
+(``round_trip_factor``, bounded as ``flexspec.spec.switch_costs`` says; session 30's H100 logs: 1.0-1.3 steady
+speculative steps at b=16-64 with that session's final code, entering up to 4.5 before its cheaper entry, at b=1
+entering ~0.5-0.9 and leaving ~1.9). ``bench.policy_replay`` over session 26's H200 times, 21 points x 4 seeds,
+``bench/results/cpu-2026-12-06-s32/replay/``, mean ``auto`` / best before -> after with switch steps at 1 / 1.2 /
+1.6-1.3 steady steps (``--switch-costs``): 0.9758 -> 0.9769, 0.9743 -> 0.9749, 0.9725 -> 0.9752; the worst
+point, GSM8K b=64 (the replay's traces make always-decoupled 1.2x plain there; the priced way back keeps ``auto``
+speculating longer once in), ``auto`` / plain 0.892 -> 0.905, 0.890 -> 0.914, 0.888 -> 0.931. Leaving speculation likewise needs plain decoding to win by that margin
 (leaving now commits to paying for the way back). The horizon is fixed: a running mean of the stretches the policy chose (tried in session 13) fed back on
 itself, as requests' short-memory estimates crossing the band made stretches short, short stretches widened the
 band and GSM8K requests at batch 1 (MAL 3.1) spent 80% of their steps on plain decoding. Without the entry
