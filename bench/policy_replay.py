@@ -299,7 +299,7 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
         metavar="ENTER,EXIT",
         help="a step entering speculation from plain decoding, and the step leaving it (verifying the last "
         "drafts), cost these multiples of the speculative mode's step (H100, session 30's final logs, "
-        "bench.step_log_report, b=16-64: ~1.0-1.3 and ~1.0-1.2; b=1: ~0.5-0.9 and ~1.9)",
+        "bench.step_log_report, b=16-64: ~0.9-1.3 and ~1.0-1.2; earlier runs, b=1-4: ~0.5-1.3 and ~1.8-2.6)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -11,7 +11,7 @@ mode. Per (batch-size bucket as the policy's: 1, 2, 4, ... sequences; mode; clas
 (launch + wait for the device) ms as mean and p50, the host share (wall - executor, mean), the share launched
 ahead of the previous step's output processing, and the share of the file's total wall time. The policy times the same classes (``SpeculationPolicy.observe``); this is the
 offline view, e.g. of what ``auto`` pays for its switches (session 30's H100 logs, b=64: entering speculation
-cost up to 4.5 steady speculative steps before that session's cheaper entry, 1.0-1.3 after it).
+cost up to 4.5 steady speculative steps before that session's cheaper entry, 0.9-1.3 after it).
 
 Input: a folder of ``.jsonl`` step logs or a ``.tgz`` / ``.tar.gz`` of one (as stored under ``bench/results``).
 Output: one block per file on stdout; ``--output`` writes the JSON (``schema`` flexspec.bench.step_log_report/1).
@@ -60,12 +60,16 @@ def _read_logs(source: Path) -> Iterator[tuple[str, list[str]]]:
     """(file name, lines) of every ``.jsonl`` step log in a folder or a tar archive, sorted by name. Raises
     ValueError for anything else, a damaged archive or a file that is not UTF-8 text."""
     if source.is_dir():
-        for path in sorted(source.rglob("*.jsonl")):
-            yield path.name, _text(path.name, path.read_bytes())
+        for path in sorted(p for p in source.rglob("*.jsonl") if p.is_file()):
+            try:
+                data = path.read_bytes()
+            except OSError as e:
+                raise ValueError(f"{path}: cannot read ({e})") from None
+            yield path.name, _text(path.name, data)
         return
-    if not tarfile.is_tarfile(source):
-        raise ValueError(f"{source}: neither a folder of step logs nor a tar archive of one")
     try:
+        if not tarfile.is_tarfile(source):
+            raise ValueError(f"{source}: neither a folder of step logs nor a tar archive of one")
         with tarfile.open(source) as tar:
             members = sorted(
                 (m for m in tar.getmembers() if m.isfile() and m.name.endswith(".jsonl")),
@@ -87,7 +91,7 @@ def _record(name: str, i: int, line: str) -> tuple[dict[str, Any], str, float, f
         wall, exe = float(rec["wall_ms"]), float(rec["exec_ms"])
         bucket = batch_bucket(int(rec["num_seqs"]))
         ok = isinstance(mode, str) and isinstance(decode, bool) and math.isfinite(wall + exe)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError, RecursionError):
         ok = False
     if not ok:
         raise ValueError(f"{name} line {i}: not a spec_bench step record")

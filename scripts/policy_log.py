@@ -122,7 +122,7 @@ def main(
         "output_tokens": sum(len(o.token_ids) for o in outs),
         "tokens_per_s": round(sum(len(o.token_ids) for o in outs) / wall, 1),
         "mal": round(engine.spec_metrics.mean_acceptance_length, 3),
-        "step_times_ms": {f"{m}@{b}": round(st.seconds * 1e3, 4) for (m, b), st in policy.step_times.items()},
+        "step_times_ms": policy.estimates_ms(),  # as the policy uses them (switch steps: switch_time)
         "speculation_profile_ms": engine.speculation_profile,
         "modes": modes,
     }

@@ -97,9 +97,9 @@ profile times both). Switching from plain decoding to speculation costs a step: 
 no drafts to verify yet, so it pays for one token. Speculation is entered only if it pays with the switch
 counted: over ``SWITCH_HORIZON`` speculative steps, one of which emits 1 token instead of m, the entering step
 priced as a steady one (``entry_factor``) until both switch steps were timed, then at their measured times
-(``round_trip_factor``, bounded as ``flexspec.spec.switch_costs`` says; session 30's H100 logs: 1.0-1.3 steady
-speculative steps at b=16-64 with that session's final code, entering up to 4.5 before its cheaper entry, at b=1
-entering ~0.5-0.9 and leaving ~1.9). ``bench.policy_replay`` over session 26's H200 times, 21 points x 4 seeds,
+(``round_trip_factor``, bounded as ``flexspec.spec.switch_costs`` says; session 30's H100 logs: 0.9-1.3 steady
+speculative steps at b=16-64 with that session's final code, entering up to 4.5 before its cheaper entry, at
+b=1-4 entering ~0.5-1.3 and leaving ~1.8-2.6). ``bench.policy_replay`` over session 26's H200 times, 21 points x 4 seeds,
 ``bench/results/cpu-2026-12-06-s32/replay/``, mean ``auto`` / best before -> after with switch steps at 1 / 1.2 /
 1.6-1.3 steady steps (``--switch-costs``): 0.9758 -> 0.9769, 0.9743 -> 0.9749, 0.9725 -> 0.9752; the worst
 point, GSM8K b=64 (the replay's traces make always-decoupled 1.2x plain there; the priced way back keeps ``auto``

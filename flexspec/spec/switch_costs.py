@@ -16,6 +16,12 @@ def entry_factor(tokens_per_step: float) -> float:
     return 1.0 - (m - 1.0) / (tuning.SWITCH_HORIZON * m)
 
 
+def clamp_switch(t_switch: float, t_steady: float) -> float:
+    """A switch step's price: its measured time within [1, ``SWITCH_MAX``] steady steps of the speculative mode
+    (cheaper ones would reward flipping between the modes, dearer ones let one slow sample lock a mode out)."""
+    return min(max(t_switch, t_steady), tuning.SWITCH_MAX * t_steady)
+
+
 def round_trip_share(
     tokens_per_step: float, t_steady: float | None, t_enter: float | None, t_exit: float | None
 ) -> float:
@@ -30,15 +36,15 @@ def round_trip_share(
     switch step is priced at most ``SWITCH_MAX`` steady steps, so that one slow sample (a first-time compile, a
     host hiccup; the warm-up profile leaves one per bucket) cannot price speculation out of a bucket for good:
     a new sample comes only from a switch, and a mode priced far below the best is not even probed.
-    Session 30's H100 step logs (``bench.step_log_report``, per bucket, p50): with that session's final code
-    entering steps cost 0.97-1.27 and leaving ones 0.96-1.24 steady speculative steps at b=16-64; before its
-    cheaper entry, entering ones up to 4.5 at b=64; at b=1 (earlier runs) entering 0.53-0.88, leaving 1.84-1.99."""
+    Session 30's H100 step logs (``bench.step_log_report``, per bucket, p50, few samples each): with that
+    session's final code entering steps cost 0.89-1.27 and leaving ones 0.96-1.24 steady speculative steps at
+    b=16-64; before its cheaper entry, entering ones up to 4.5 at b=64; at b=1-4 (its earlier runs) entering
+    0.53-1.28, leaving 1.8-2.6."""
     m = max(tokens_per_step, 1.0)
     if not t_steady or t_enter is None or t_exit is None:
         return entry_factor(m)
-    h, cap = tuning.SWITCH_HORIZON, tuning.SWITCH_MAX * t_steady
-    measured = (1.0 + h * m) * t_steady / (m * (min(t_enter, cap) + (h - 1) * t_steady + min(t_exit, cap)))
-    return min(measured, entry_factor(m))
+    h, t_e, t_x = tuning.SWITCH_HORIZON, clamp_switch(t_enter, t_steady), clamp_switch(t_exit, t_steady)
+    return min((1.0 + h * m) * t_steady / (m * (t_e + (h - 1) * t_steady + t_x)), entry_factor(m))
 
 
 def probe_time_lost(
@@ -58,13 +64,12 @@ def probe_time_lost(
     decoding and the speculative mode measured (``t_enter``, ``t_exit``): a speculative probe is its entering
     step (1 token), ``PROBE_VERIFICATIONS`` verifying steps and the leaving step that verifies the last drafts (m
     tokens); a plain probe is the leaving step (m tokens), ``PROBE_STEPS`` - 1 plain steps and the step entering
-    speculation again (1 token). Switch steps are capped at ``SWITCH_MAX`` steady steps of the speculative mode
-    (``round_trip_share``)."""
+    speculation again (1 token). Switch steps are priced by ``clamp_switch``, as in ``round_trip_share``."""
     m = max(tokens_per_step, 1.0)
     m_best = 1.0 if best == "plain" else m
     if t_enter is not None and t_exit is not None:
-        cap = tuning.SWITCH_MAX * (t_best if runner_up == "plain" else t_runner_up)  # the speculative mode's
-        t_enter, t_exit = min(t_enter, cap), min(t_exit, cap)
+        t_spec = t_best if runner_up == "plain" else t_runner_up  # the speculative mode's steady step
+        t_enter, t_exit = clamp_switch(t_enter, t_spec), clamp_switch(t_exit, t_spec)
     if "plain" not in (best, runner_up) or t_enter is None or t_exit is None:  # steady-state prices
         if runner_up == "plain":
             steps, emitted = tuning.PROBE_STEPS, float(tuning.PROBE_STEPS)

@@ -85,6 +85,10 @@ def test_steps_are_classed_per_round_and_summarized(tmp_path):
         ),
         (json.dumps(_step("plain", float("nan"), 1)) + "\n", "line 1: not a spec_bench step record"),
         (b"\xff\xfe\n", "x_gsm8k_b1.jsonl: not UTF-8 text"),
+        (
+            json.dumps(_step("plain", 1, 1))[:-1] + ', "num_seqs": Infinity}\n',
+            "line 1: not a spec_bench step record",
+        ),
     ],
 )
 def test_bad_input_is_one_usage_error(tmp_path, capsys, content, message):
@@ -99,18 +103,25 @@ def test_bad_input_is_one_usage_error(tmp_path, capsys, content, message):
     assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not_tar"])
+@pytest.mark.parametrize("damage", ["truncated", "early", "not_tar"])
 def test_a_damaged_archive_is_one_usage_error(tmp_path, capsys, damage):
     _write(tmp_path / "steps", "a_gsm8k_b1.jsonl", [_step("plain", 1.0, 0.5)] * 2000)
     with tarfile.open(tmp_path / "steps.tgz", "w:gz") as tar:
         tar.add(tmp_path / "steps", arcname="steps")
     data = (tmp_path / "steps.tgz").read_bytes()
     bad = tmp_path / "bad.tgz"
-    bad.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"plain text, not an archive\n")
+    cut = {"truncated": data[: len(data) // 2], "early": data[:100]}
+    bad.write_bytes(cut.get(damage, b"plain text, not an archive\n"))
     with pytest.raises(SystemExit) as exc:
         report_main([str(bad)])
     err = capsys.readouterr().err
-    assert (
-        exc.value.code == 2 and ("damaged archive" if damage == "truncated" else "nor a tar archive") in err
-    )
+    want = "nor a tar archive" if damage == "not_tar" else "damaged archive"
+    assert exc.value.code == 2 and want in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 2  # usage line + one error line
+
+
+def test_folders_named_like_logs_are_skipped(tmp_path):
+    _write(tmp_path / "steps", "a_gsm8k_b1.jsonl", [_step("plain", 1.0, 0.5)])
+    (tmp_path / "steps" / "odd.jsonl").mkdir()
+    doc = report_main([str(tmp_path / "steps")])
+    assert [f["file"] for f in doc["files"]] == ["a_gsm8k_b1.jsonl"]

@@ -30,6 +30,7 @@ from flexspec.spec.policy_tuning import (
     SWITCH_MAX,
     WARMUP_SAMPLES,
 )
+from flexspec.spec.switch_costs import probe_time_lost
 
 
 def _sched(n: int) -> SchedulerOutput:
@@ -313,6 +314,12 @@ def test_switch_step_prices_are_bounded():
         pol.observe("decoupled", 4, 0.5, [0.5], previous="plain")
         pol.observe("plain", 4, 0.5, None, previous="decoupled")
     assert pol.round_trip_factor("decoupled", 4, m) == entry_factor(m)
+    # ... and a probe's switch steps are priced as steady ones (clamp_switch), not as free
+    for best, runner_up in (("plain", "decoupled"), ("decoupled", "plain")):
+        t_b, t_r = (1.0, 2.5) if best == "plain" else (1.5, 1.0)  # the runner-up loses
+        t_s = t_r if best == "plain" else t_b
+        cheap = probe_time_lost(best, runner_up, t_b, t_r, m, 0.5, 0.5)
+        assert cheap == probe_time_lost(best, runner_up, t_b, t_r, m, t_s, t_s) > 0
 
 
 # ---- per-request estimates: shrinkage toward the prior and ageing while plain (issue 6, batch 1) -------------
