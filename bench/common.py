@@ -7,6 +7,7 @@ Imports only the standard library at module level, so ``--help`` works anywhere.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -91,6 +92,22 @@ def git_commit(root: Path = REPO_ROOT) -> str | None:
     return None
 
 
+SOURCE_DIRS = ("flexspec", "flexspec_kernels", "configs", "bench", "cluster")
+
+
+def source_digest(root: Path = REPO_ROOT, dirs: tuple[str, ...] = SOURCE_DIRS) -> str | None:
+    """sha256 (first 16 hex digits) of the Python sources under ``dirs`` (relative paths and contents, sorted):
+    which code ran, also where ``git_commit`` is stale (a device copy of a working tree whose ``.git`` was not
+    updated recorded another commit in sessions 30-31) or the tree had uncommitted changes. None if none."""
+    h = hashlib.sha256()
+    files = sorted(p for d in dirs if (root / d).is_dir() for p in (root / d).rglob("*.py") if p.is_file())
+    if not files:
+        return None
+    for path in files:
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -116,7 +133,8 @@ def command_line() -> str:
 
 
 def environment() -> dict[str, Any]:
-    """Machine, library versions, git commit and the command line, for the top of every result file."""
+    """Machine, library versions, git commit, a digest of the sources that ran and the command line, for the top
+    of every result file."""
     import torch
 
     machine: dict[str, Any] = {
@@ -145,6 +163,7 @@ def environment() -> dict[str, Any]:
         "timestamp_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": command_line(),
         "git_commit": git_commit(),
+        "source_sha256": source_digest(),
         "machine": machine,
         "versions": versions,
     }

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from bench import spec_bench, synthetic
+from bench.common import source_digest
 from bench.server_bench import parse_prometheus, server_spec_delta
 
 K = 3
@@ -77,6 +78,7 @@ def test_environment_recorded(smoke):
     assert env["versions"]["torch"] and env["versions"]["transformers"]
     assert env["machine"]["cpu"] and env["command"]
     assert "git_commit" in env
+    assert env["source_sha256"] == source_digest() and len(env["source_sha256"]) == 16
     assert smoke["config"]["model_dir"] and smoke["config"]["temperature"] == 0.0
     assert not smoke["errors"]
 
@@ -382,3 +384,20 @@ def test_host_staging_tiny(tmp_path):
     for p in doc["points"]:
         for key in ("plain_graph_inputs_us", "verify_graph_inputs_us", "verify_fused_tail_rows_us"):
             assert p[key] > 0
+
+
+def test_source_digest_names_the_code_that_ran(tmp_path):
+    """``env.source_sha256``: which sources ran, where ``git_commit`` can be stale (a device copy's ``.git``)."""
+    assert source_digest(tmp_path) is None
+    (tmp_path / "flexspec").mkdir()
+    (tmp_path / "flexspec" / "a.py").write_text("x = 1\n")
+    (tmp_path / "flexspec" / "notes.txt").write_text("not code")
+    first = source_digest(tmp_path)
+    (tmp_path / "flexspec" / "notes.txt").write_text("still not code")
+    assert source_digest(tmp_path) == first
+    (tmp_path / "flexspec" / "a.py").write_text("x = 2\n")
+    assert source_digest(tmp_path) != first
+    (tmp_path / "flexspec" / "a.py").write_text("x = 1\n")
+    assert source_digest(tmp_path) == first
+    (tmp_path / "flexspec" / "a.py").rename(tmp_path / "flexspec" / "b.py")  # same content, other file
+    assert source_digest(tmp_path) != first
