@@ -3,15 +3,16 @@
     python -m bench.step_log_report bench/results/.../steps.tgz [--output report.json]
 
 The step log holds one JSON line per engine step (``{system}_{dataset}_b{batch}.jsonl``, rounds of ``--repeats``
-appended with their ``round``). Each step is classed by its mode and the mode of the step before it (in the
-same round): ``steady`` (same mode), ``enter`` (plain decoding -> a speculative mode: drafts without verifying),
+appended with their ``round``). Each step is classed by its mode and the mode of the step before it (in the same
+round): ``steady`` (same mode), ``enter`` (plain decoding -> a speculative mode: drafts without verifying),
 ``exit`` (speculative -> plain: verifies the last drafts without drafting), ``switch`` (between two speculative
-modes) or ``start`` (a round's first step); steps that also prefilled a prompt are ``prefill`` whatever their
-mode. Per (batch-size bucket as the policy's: 1, 2, 4, ... sequences; mode; class): steps, wall and executor
-(launch + wait for the device) ms as mean and p50, the host share (wall - executor, mean), the share launched
-ahead of the previous step's output processing, and the share of the file's total wall time. The policy times the same classes (``SpeculationPolicy.observe``); this is the
-offline view, e.g. of what ``auto`` pays for its switches (session 30's H100 logs, b=64: entering speculation
-cost up to 4.5 steady speculative steps before that session's cheaper entry, 0.9-1.3 after it).
+modes) or ``start`` (a round's first step); steps that also prefilled a prompt are ``prefill`` whatever their mode.
+Per (batch-size bucket as the policy's: 1, 2, 4, ... sequences; mode; class): steps, wall and executor (launch +
+wait for the device) ms as mean and p50, the host share (wall - executor, mean), the share launched ahead of the
+previous step's output processing, and the share of the file's total wall time. The policy times the same classes
+(``SpeculationPolicy.observe``); this is the offline view, e.g. of what ``auto`` pays for its switches (session
+30's H100 logs, b=64: entering speculation cost up to 4.5 steady speculative steps before that session's cheaper
+entry, 0.9-1.3 after it).
 
 Input: a folder of ``.jsonl`` step logs or a ``.tgz`` / ``.tar.gz`` of one (as stored under ``bench/results``).
 Output: one block per file on stdout; ``--output`` writes the JSON (``schema`` flexspec.bench.step_log_report/1).
@@ -167,7 +168,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.step_log_re
         log(f"{f['file']}: {f['steps']} steps, {f['wall_ms_total']:.1f} ms")
         for r in f["rows"]:
             log(
-                f"  b<={r['bucket']:<3d} {r['mode']:>10s} {r['class']:>7s} {r['steps']:6d} steps  wall {r['wall_ms_mean']:7.3f} "
+                f"  b<={r['bucket']:<3d} {r['mode']:>10s} {r['class']:>7s} {r['steps']:6d} steps  "
+                f"wall {r['wall_ms_mean']:7.3f} "
                 f"(p50 {r['wall_ms_p50']:.3f})  exec {r['exec_ms_mean']:7.3f}  host {r['host_ms_mean']:6.3f}  "
                 f"ahead {r['ahead_share']:.2f}  time {100 * r['time_share']:5.1f}%"
             )

@@ -89,27 +89,28 @@ Step times:
   return (or a probe) is judged by what it measures now, not outvoted by the old window's 15 slow steps; a
   mode that still measures slow is left again;
 
-A step's wall time covers verifying the drafts decided one step earlier plus drafting for the decision made
-now, so only steps whose decision equals the previous one are recorded as the mode's (steady state of one
-mode); the steps switching between plain decoding and a speculative mode are timed apart, per mode and bucket
-(``switch_time``: "enter" drafts without verifying, "exit" verifies the last drafts without drafting; the warm-up
-profile times both). Switching from plain decoding to speculation costs a step: the first speculative step has
-no drafts to verify yet, so it pays for one token. Speculation is entered only if it pays with the switch
-counted: over ``SWITCH_HORIZON`` speculative steps, one of which emits 1 token instead of m, the entering step
-priced as a steady one (``entry_factor``) until both switch steps were timed, then at their measured times
-(``round_trip_factor``, bounded as ``flexspec.spec.switch_costs`` says; session 30's H100 logs: 0.9-1.3 steady
-speculative steps at b=16-64 with that session's final code, entering up to 4.5 before its cheaper entry, at
-b=1-4 entering ~0.5-1.3 and leaving ~1.8-2.6). ``bench.policy_replay`` over session 26's H200 times, 21 points x 4 seeds,
+A step's wall time covers verifying the drafts decided one step earlier plus drafting for the decision made now, so
+only steps whose decision equals the previous one are recorded as the mode's (steady state of one mode); the steps
+switching between plain decoding and a speculative mode are timed apart, per mode and bucket (``switch_time``:
+"enter" drafts without verifying, "exit" verifies the last drafts without drafting; the warm-up profile times
+both). Switching from plain decoding to speculation costs a step: the first speculative step has no drafts to
+verify yet, so it pays for one token. Speculation is entered only if it pays with the switch counted: over
+``SWITCH_HORIZON`` speculative steps, one of which emits 1 token instead of m, the entering step priced as a steady
+one (``entry_factor``) until both switch steps were timed, then at their measured times (``round_trip_factor``,
+bounded as ``flexspec.spec.switch_costs`` says; session 30's H100 logs: 0.9-1.3 steady speculative steps at b=16-64
+with that session's final code, entering up to 4.5 before its cheaper entry, at b=1-4 entering ~0.5-1.3 and leaving
+~1.8-2.6). ``bench.policy_replay`` over session 26's H200 times, 21 points x 4 seeds,
 ``bench/results/cpu-2026-12-06-s32/replay/``, mean ``auto`` / best before -> after with switch steps at 1 / 1.2 /
-1.6-1.3 steady steps (``--switch-costs``): 0.9758 -> 0.9769, 0.9743 -> 0.9749, 0.9725 -> 0.9752; the worst
-point, GSM8K b=64 (the replay's traces make always-decoupled 1.2x plain there; the priced way back keeps ``auto``
-speculating longer once in), ``auto`` / plain 0.892 -> 0.905, 0.890 -> 0.914, 0.888 -> 0.931. Leaving speculation likewise needs plain decoding to win by that margin
-(leaving now commits to paying for the way back). The horizon is fixed: a running mean of the stretches the policy chose (tried in session 13) fed back on
-itself, as requests' short-memory estimates crossing the band made stretches short, short stretches widened the
-band and GSM8K requests at batch 1 (MAL 3.1) spent 80% of their steps on plain decoding. Without the entry
-cost, requests whose estimates hovered around the break-even MAL flipped between the modes, each return costing
-a draftless step (session 12, H200, batch 1, DFlash on MT-Bench: 17% of steps speculative at MAL 2.09
-against a break-even of 2.1; ``auto`` 0.92x of plain).
+1.6-1.3 steady steps (``--switch-costs``): 0.9758 -> 0.9769, 0.9743 -> 0.9749, 0.9725 -> 0.9752; the worst point,
+GSM8K b=64 (the replay's traces make always-decoupled 1.2x plain there; the priced way back keeps ``auto``
+speculating longer once in), ``auto`` / plain 0.892 -> 0.905, 0.890 -> 0.914, 0.888 -> 0.931. Leaving speculation
+likewise needs plain decoding to win by that margin (leaving now commits to paying for the way back). The horizon
+is fixed: a running mean of the stretches the policy chose (tried in session 13) fed back on itself, as requests'
+short-memory estimates crossing the band made stretches short, short stretches widened the band and GSM8K requests
+at batch 1 (MAL 3.1) spent 80% of their steps on plain decoding. Without the entry cost, requests whose estimates
+hovered around the break-even MAL flipped between the modes, each return costing a draftless step (session 12,
+H200, batch 1, DFlash on MT-Bench: 17% of steps speculative at MAL 2.09 against a break-even of 2.1; ``auto`` 0.92x
+of plain).
 
 The first samples of a (mode, bucket) keep their minimum (one-off costs such as a kernel's first compile
 must not set the estimate), later ones the median of a window (``StepTimeStat``). Near-ties go to plain decoding

@@ -28,4 +28,4 @@ STALE_KEEP = 0.5 ** (1 / STALE_HALF_LIFE)  # per plain step: ~0.917
 PRIOR_HALF_LIFE = 128  # plain steps without a verification that halve the weight of G's evidence
 PRIOR_KEEP = 0.5 ** (1 / PRIOR_HALF_LIFE)
 PRIOR_MIN_WEIGHT = 32.0  # aging never takes G's evidence below this many verifications (16: probes' noise)
-SWITCH_MAX = 3.0  # a switch step is priced at most this many steady speculative steps (one-off costs: see switch_costs)
+SWITCH_MAX = 3.0  # a switch step is priced at most this many steady speculative steps (see switch_costs)

@@ -20,8 +20,9 @@ _PROFILE_PROMPT = (
 
 def _phases(modes: list[str], steps_per_mode: int) -> list[tuple[str, int]]:
     """(mode, steps) of the profile at one bucket: ``modes[0]`` is plain decoding; every mode runs
-    ``steps_per_mode`` + 2 steps (its first is a switch step) and each speculative mode is followed by one plain step (leaving it; the next speculative mode is then entered
-    from plain decoding), so both switch steps of every speculative mode are timed."""
+    ``steps_per_mode`` + 2 steps (its first is a switch step) and each speculative mode is followed by one
+    plain step (leaving it; the next speculative mode is then entered from plain decoding), so both switch
+    steps of every speculative mode are timed."""
     out = [(modes[0], steps_per_mode + 2)]
     for mode in modes[1:]:
         out += [(mode, steps_per_mode + 2), (modes[0], 1)]
