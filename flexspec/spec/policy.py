@@ -318,14 +318,18 @@ class SpeculationPolicy:
         return self._nearest_cache[key]
 
     def step_time(self, mode: str, bucket: int) -> float | None:
-        """Estimated seconds per step of ``mode`` at ``bucket`` (see the module doc); None if never measured."""
+        """Estimated seconds per step of ``mode`` at ``bucket`` (see the module doc), or of a switch step
+        (``mode`` "enter:MODE" / "exit:MODE", see ``switch_time``); None if never measured."""
         near = self._nearest(mode, bucket)
         if near is None:
             return None
         stat = self.step_times[(mode, near)]
-        t = stat.seconds
-        if self.num_decisions - stat.recorded_at > tuning.STALE_AFTER and stat.n >= tuning.WARMUP_SAMPLES:
-            t = min(t, stat.long_run())  # a window measured in a slow spell must not lock the mode out
+        if ":" in mode:  # switch steps come a few per hundred steps: no short window
+            t = min(stat.history) if stat.n < tuning.WARMUP_SAMPLES else stat.long_run()
+        else:
+            t = stat.seconds
+            if self.num_decisions - stat.recorded_at > tuning.STALE_AFTER and stat.n >= tuning.WARMUP_SAMPLES:
+                t = min(t, stat.long_run())  # a window measured in a slow spell must not lock the mode out
         if (
             near != bucket
             and mode != "plain"
@@ -349,16 +353,8 @@ class SpeculationPolicy:
         ``bucket`` (``kind`` "enter": plain -> ``mode``, drafts without verifying; "exit": ``mode`` -> plain,
         verifies the last drafts without drafting): the minimum of its first ``WARMUP_SAMPLES`` samples, then
         the median of its last ``LONG_WINDOW`` (switches come a few per hundred steps, so no short window);
-        scaled from the nearest measured bucket like ``step_time``. None if never measured."""
-        key = f"{kind}:{mode}"
-        near = self._nearest(key, bucket)
-        if near is None:
-            return None
-        stat = self.step_times[(key, near)]
-        t = min(stat.history) if stat.n < tuning.WARMUP_SAMPLES else stat.long_run()
-        if near != bucket and self._measured("plain", near) and self._measured("plain", bucket):
-            t *= self.step_times[("plain", bucket)].seconds / self.step_times[("plain", near)].seconds
-        return t
+        scaled from the nearest measured bucket like a mode's (``step_time``). None if never measured."""
+        return self.step_time(f"{kind}:{mode}", bucket)
 
     def round_trip_factor(self, mode: str, bucket: int, tokens_per_step: float) -> float:
         """Share of ``mode``'s steady-state rate left over a stretch entered from plain decoding and left again
@@ -369,12 +365,8 @@ class SpeculationPolicy:
 
     def estimates_ms(self) -> dict[str, float]:
         """{"mode@bucket": ms}: every measured (mode, bucket)'s estimate as the policy uses it (``step_time``;
-        ``switch_time`` for the switch steps, "enter:mode" / "exit:mode")."""
-        out = {}
-        for m, b in sorted(self.step_times):
-            t = self.switch_time(*m.split(":"), b) if ":" in m else self.step_time(m, b)
-            out[f"{m}@{b}"] = round((t or 0.0) * 1e3, 4)
-        return out
+        switch steps as "enter:mode" / "exit:mode")."""
+        return {f"{m}@{b}": round((self.step_time(m, b) or 0.0) * 1e3, 4) for m, b in sorted(self.step_times)}
 
     # ---- feedback -------------------------------------------------------------------------------------------
     def previous_mode(self, mode: str, previous: str | None = None) -> str:
@@ -401,15 +393,16 @@ class SpeculationPolicy:
         step's (``switch_time``) when one of the two is plain decoding and the other is not; acceptance
         is recorded for every step that verified drafts; a plain step that verified none ages G's evidence
         (``PRIOR_HALF_LIFE``; a step entering speculation, drafting without verifying, does not)."""
-        prev = self.previous_mode(mode, previous)
         key = None
-        if prev == mode:
-            key = (mode, batch_bucket(num_seqs))
-        elif prev == "plain":  # the step entering speculation (switch_time)
-            key = (f"enter:{mode}", batch_bucket(num_seqs))
-        elif mode == "plain":  # the step leaving it
-            key = (f"exit:{prev}", batch_bucket(num_seqs))
-        if seconds is not None and key is not None:
+        if seconds is not None:
+            prev = self.previous_mode(mode, previous)
+            if prev == mode:
+                key = (mode, batch_bucket(num_seqs))
+            elif prev == "plain":  # the step entering speculation (switch_time)
+                key = (f"enter:{mode}", batch_bucket(num_seqs))
+            elif mode == "plain":  # the step leaving it
+                key = (f"exit:{prev}", batch_bucket(num_seqs))
+        if key is not None:
             if self.forced is not None:
                 self.profile.setdefault(key, []).append(seconds)
             else:
