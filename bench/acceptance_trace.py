@@ -26,7 +26,15 @@ import json
 from typing import Any
 
 from bench.cli import main_entry
-from bench.common import JsonReport, datasets_arg, environment, log, positive_int, prompt_token_ids
+from bench.common import (
+    JsonReport,
+    datasets_arg,
+    environment,
+    log,
+    output_path,
+    positive_int,
+    prompt_token_ids,
+)
 
 SCHEMA = "flexspec.bench.acceptance_trace/1"
 
@@ -42,7 +50,7 @@ def build_parser(prog: str = "python -m bench.acceptance_trace") -> argparse.Arg
     p.add_argument("--batch-size", type=positive_int, default=8, help="requests decoded together")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--output", required=True)
+    p.add_argument("--output", type=output_path, required=True)
     return p
 
 

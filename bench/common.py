@@ -62,6 +62,27 @@ def datasets_arg(text: str) -> list[str]:
     return names
 
 
+def output_path(text: str) -> Path:
+    """A file the run can write its results to (argparse ``type=``), checked before any measurement, so a long
+    benchmark does not fail only at its first save: the folder is created if missing and a probe file is written
+    and removed. Errors: an empty path, an existing folder, or a folder that cannot be created or written."""
+    import argparse
+    import tempfile
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path, got an empty string")
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {e.strerror or e}") from None
+    return path
+
+
 # ---- environment ---------------------------------------------------------------------------------------------
 def git_commit(root: Path = REPO_ROOT) -> str | None:
     """HEAD's commit, read from ``.git`` files (no git process); ``$FLEXSPEC_GIT_COMMIT`` wins when set.

@@ -29,6 +29,7 @@ from bench.common import (
     int_list,
     log,
     median,
+    output_path,
     prompt_token_ids,
     short_error,
 )
@@ -96,7 +97,9 @@ def build_parser(prog: str = "python -m bench.engine_bench") -> argparse.Argumen
     p.add_argument(
         "--time-budget-s", type=float, default=0, help="Skip measurements starting after this (0 = off)."
     )
-    p.add_argument("--output", default=None, help="JSON file (rewritten after every measurement).")
+    p.add_argument(
+        "--output", type=output_path, default=None, help="JSON file (rewritten after every measurement)."
+    )
     p.add_argument(
         "--cpu-threads", type=int, default=None, help="torch.set_num_threads on CPU (default: torch's)."
     )

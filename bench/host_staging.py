@@ -19,7 +19,7 @@ import argparse
 import random
 import time
 
-from bench.common import JsonReport, environment, int_list, log, positive_int
+from bench.common import JsonReport, environment, int_list, log, output_path, positive_int
 
 BLOCK_SIZE = 16
 
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         "--drafts", type=positive_int, default=15, help="Drafts K (verification graphs of 1 + K rows)."
     )
     ap.add_argument("--max-model-len", type=positive_int, default=2048, help="Sets the block-table width.")
-    ap.add_argument("--output", default=None, help="JSON file (none: printed only).")
+    ap.add_argument("--output", type=output_path, default=None, help="JSON file (none: printed only).")
     args = ap.parse_args(argv)
     report = JsonReport(
         args.output,

@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench.common import short_error, summarize_ms
+from bench.common import output_path, short_error, summarize_ms
 
 DEFAULT_PROMPTS = [
     "What is 2+2?",
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--prompts", help="JSON list of prompts (default: 16 built-in questions).")
     ap.add_argument("--check-exact", action="store_true", help="Answers must equal those at concurrency 1.")
-    ap.add_argument("--output", help="Also write the JSON report here.")
+    ap.add_argument("--output", type=output_path, help="Also write the JSON report here.")
     args = ap.parse_args(argv)
     cfg = LoadConfig(
         url=args.url.rstrip("/"),

@@ -34,7 +34,7 @@ from typing import Any
 
 os.environ.setdefault("TRITON_INTERPRET", "0")
 
-from bench.common import JsonReport, environment, int_list, log, prompt_token_ids, short_error
+from bench.common import JsonReport, environment, int_list, log, output_path, prompt_token_ids, short_error
 from bench.systems import expand_configs
 
 
@@ -289,7 +289,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
         "--fused-decode value too), baked into its CUDA graphs: the decode kernels launched with programmatic "
         "dependent launch or not.",
     )
-    ap.add_argument("--output", default=None, help="Results JSON (rewritten after every point).")
+    ap.add_argument(
+        "--output", type=output_path, default=None, help="Results JSON (rewritten after every point)."
+    )
     args = ap.parse_args(argv)
 
     import statistics

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import main_entry
-from bench.common import JsonReport, cycle_to, environment, int_list, log, positive_int
+from bench.common import JsonReport, cycle_to, environment, int_list, log, output_path, positive_int
 
 SCHEMA = "flexspec.bench.policy_replay/1"
 
@@ -309,7 +309,7 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
         metavar="NAME=VALUE",
         help="override a constant of flexspec.spec.policy_tuning for this replay (e.g. REQUEST_PRIOR_WEIGHT=32)",
     )
-    p.add_argument("--output", default=None)
+    p.add_argument("--output", type=output_path, default=None)
     return p
 
 

@@ -23,7 +23,7 @@ os.environ.setdefault("TRITON_INTERPRET", "0")
 import torch
 import torch.nn.functional as F
 
-from bench.common import environment
+from bench.common import environment, output_path
 from flexspec.layers.fused import graph_time_us
 from flexspec_kernels.activation import act_and_mul_triton
 from flexspec_kernels.norm import rms_norm_triton
@@ -93,7 +93,7 @@ def measure(name: str, n: int, k: int, fusion: str, m: int, repeat: int, sweep: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--output", required=True)
+    ap.add_argument("--output", type=output_path, required=True)
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--sweep", action="store_true")

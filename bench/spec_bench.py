@@ -37,6 +37,7 @@ from bench.common import (
     environment,
     int_list,
     log,
+    output_path,
     positive_int,
     prompt_token_ids,
     short_error,
@@ -123,7 +124,9 @@ def build_parser(prog: str = "python -m bench.spec_bench") -> argparse.ArgumentP
         help="Engine mode: > 1 keeps every system's engine and runs each point this many rounds, systems "
         "interleaved, reporting each system's median round (see run_interleaved).",
     )
-    p.add_argument("--output", default=None, help="Results JSON (rewritten after every point).")
+    p.add_argument(
+        "--output", type=output_path, default=None, help="Results JSON (rewritten after every point)."
+    )
     p.add_argument("--plots", default=None, help="Also write PNG plots into this folder.")
     p.add_argument(
         "--step-log",

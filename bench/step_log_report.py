@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import main_entry
-from bench.common import JsonReport, environment, log, median
+from bench.common import JsonReport, environment, log, median, output_path
 from flexspec.spec.step_times import batch_bucket
 
 SCHEMA = "flexspec.bench.step_log_report/1"
@@ -145,7 +145,7 @@ def summarize(name: str, lines: list[str]) -> dict[str, Any]:
 def build_parser(prog: str = "python -m bench.step_log_report") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("source", help="folder of spec_bench --step-log files, or a .tgz of one")
-    p.add_argument("--output", default=None, help="write the summary as JSON here")
+    p.add_argument("--output", type=output_path, default=None, help="write the summary as JSON here")
     return p
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import main_entry
-from bench.common import JsonReport, environment, int_list, log, median
+from bench.common import JsonReport, environment, int_list, log, median, output_path
 
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-8b": {  # Qwen/Qwen3-8B config.json (shape fields)
@@ -267,7 +267,7 @@ def build_parser(prog: str = "python -m bench.synthetic") -> argparse.ArgumentPa
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--eager", action="store_true", help="No CUDA graphs.")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", default=None)
+    p.add_argument("--output", type=output_path, default=None)
     return p
 
 

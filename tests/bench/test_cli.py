@@ -76,3 +76,46 @@ def test_python_m_keeps_the_traceback_of_other_errors(tmp_path):
     path.write_text('{"schema": "flexspec.bench.unknown/1"}')
     proc = _python_m("bench.table", str(path))
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "KeyError" in proc.stderr
+
+
+def test_output_path_checks_the_file_can_be_written(tmp_path):
+    import argparse
+
+    from bench.common import output_path
+
+    assert output_path(str(tmp_path / "new" / "r.json")) == tmp_path / "new" / "r.json"
+    assert (tmp_path / "new").is_dir() and not list((tmp_path / "new").iterdir())  # the probe file is gone
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    for bad, why in [
+        ("", "empty"),
+        (str(tmp_path), "is a folder"),
+        (str(blocker / "r.json"), "cannot write"),
+    ]:
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            output_path(bad)
+
+
+# Every benchmark that writes a results file checks --output before it measures anything (root ignores file modes,
+# so "unwritable" here is a path under a regular file).
+OUTPUT_MODULES = [
+    "bench.acceptance_trace",
+    "bench.engine_bench",
+    "bench.host_staging",
+    "bench.load_test",
+    "bench.plain_overhead",
+    "bench.policy_replay",
+    "bench.skinny_bench",
+    "bench.spec_bench",
+    "bench.step_log_report",
+    "bench.synthetic",
+]
+
+
+@pytest.mark.parametrize("module", OUTPUT_MODULES)
+def test_unwritable_output_is_a_usage_error(module, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    proc = _python_m(module, "--output", str(blocker / "r.json"))
+    assert proc.returncode == 2, proc.stderr
+    assert "argument --output: cannot write" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
