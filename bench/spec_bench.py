@@ -37,6 +37,7 @@ from bench.common import (
     environment,
     int_list,
     log,
+    median,
     output_path,
     positive_int,
     prompt_token_ids,
@@ -367,9 +368,19 @@ def run_interleaved(
     release_device_memory()
 
 
+def _paired_ratios(xs: list[float] | None, base: list[float] | None) -> list[float] | None:
+    """Round-by-round ratios of two systems' ``--repeats`` rounds (round i of both ran back to back, so a slow
+    spell of the host falls on both); None without rounds or when a system missed one (lengths differ)."""
+    if not xs or not base or len(xs) != len(base) or len(xs) < 2 or not all(base):
+        return None
+    return [round(x / y, 4) for x, y in zip(xs, base)]
+
+
 def add_ratios(runs: list[dict[str, Any]]) -> None:
     """throughput_ratio = tokens/s of a point / tokens/s of its baseline at the same dataset, batch and mode:
-    our plain engine for our methods, transformers dynamic for transformers peers, vLLM plain for vLLM."""
+    our plain engine for our methods, transformers dynamic for transformers peers, vLLM plain for vLLM. With
+    ``--repeats`` > 1 also ``paired_ratios`` (round i over the baseline's round i) and their median
+    ``paired_ratio_median``, less sensitive to the host's slow spells than the ratio of the two medians."""
     index = {
         (r.get("mode"), r.get("dataset"), r.get("batch_size"), r.get("system")): r
         for r in runs
@@ -387,6 +398,10 @@ def add_ratios(runs: list[dict[str, Any]]) -> None:
         if b is not None:
             r["baseline"] = base
             r["throughput_ratio"] = round(r["output_tokens_per_s"] / b["output_tokens_per_s"], 4)
+            paired = _paired_ratios(r.get("repeats_tokens_per_s"), b.get("repeats_tokens_per_s"))
+            if paired:
+                r["paired_ratios"] = paired
+                r["paired_ratio_median"] = round(median(paired), 4)
         ours = index.get((*key, "plain"))
         if ours is not None and peer is not None:
             r["ratio_vs_flexspec_plain"] = round(r["output_tokens_per_s"] / ours["output_tokens_per_s"], 4)

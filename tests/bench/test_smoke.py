@@ -169,6 +169,17 @@ def test_repeats_interleave_systems_and_report_the_median_round(tmp_path):
     assert runs["ngram-k2"]["throughput_ratio"] == pytest.approx(
         runs["ngram-k2"]["output_tokens_per_s"] / runs["plain"]["output_tokens_per_s"], rel=1e-3
     )
+    spec_rounds, plain_rounds = (runs[k]["repeats_tokens_per_s"] for k in ("ngram-k2", "plain"))
+    paired = [x / y for x, y in zip(spec_rounds, plain_rounds)]  # round i of both ran back to back
+    assert runs["ngram-k2"]["paired_ratios"] == pytest.approx(paired, abs=1e-4)
+    assert runs["ngram-k2"]["paired_ratio_median"] == pytest.approx(sorted(paired)[1], abs=1e-4)
+    assert runs["plain"]["paired_ratios"] == [1.0, 1.0, 1.0]
+
+
+def test_paired_ratios_need_the_same_rounds():
+    assert spec_bench._paired_ratios([2.0, 3.0], [1.0, 2.0]) == [2.0, 1.5]
+    for xs, base in [(None, [1.0, 2.0]), ([2.0], [1.0]), ([2.0, 3.0], [1.0]), ([2.0, 3.0], [1.0, 0.0])]:
+        assert spec_bench._paired_ratios(xs, base) is None
 
 
 def test_transformers_peer(smoke):
