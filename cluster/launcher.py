@@ -134,9 +134,23 @@ def load_serve_config(
         config = ServeDeploySchema.model_validate(raw)
     except ValidationError as e:
         raise ServeConfigError(validation_message(e)) from e
+    unknown = _unknown_keys(raw, ServeDeploySchema, "")
+    if isinstance(raw.get("http_options"), dict):
+        unknown += _unknown_keys(raw["http_options"], type(config.http_options), "http_options.")
+    for i, (app, parsed) in enumerate(zip(apps or [], config.applications)):
+        unknown += _unknown_keys(app, type(parsed), f"applications.{i}.")
+    if unknown:  # Serve's schemas ignore them: a typo (``prot: 8001``) would silently fall back to a default
+        raise ServeConfigError(f"{unknown[0]}: unknown field (not in Ray Serve's config schema)")
     if not 1 <= config.http_options.port <= 65535:
         raise ServeConfigError(f"http_options.port: {config.http_options.port} is not a TCP port (1-65535)")
     return config
+
+
+def _unknown_keys(raw: dict[str, Any], schema: Any, where: str) -> list[str]:
+    """Keys of ``raw`` that are neither a field nor an alias of the pydantic model ``schema``."""
+    fields = schema.model_fields
+    known = set(fields) | {f.alias for f in fields.values() if f.alias}
+    return [f"{where}{k}" for k in raw if k not in known]
 
 
 def _with_speculative_config(args: Any, spec: dict[str, Any] | None, index: int) -> dict[str, Any]:
@@ -184,13 +198,33 @@ def local_model_problems(config: Any, speculative_field: str | None = None) -> l
             where = f"applications.{i}.args" + ("" if "speculative_config" in given else ".engine")
             field = f"{speculative_field or where + '.speculative_config'}.model"
             checks.append((field, spec.model, BUILTIN_DRAFTERS | BUILTIN_MODELS))
-        for field, model, known in checks:
-            if model not in known and not Path(model).expanduser().exists():
-                problems.append(
-                    f"{field}: unknown model {model!r}: not a built-in id ({', '.join(known)}) nor an existing "
-                    "folder or .gguf file"
-                )
+        unknown = [
+            f"{field}: unknown model {model!r}: not a built-in id ({', '.join(known)}) nor an existing "
+            "folder or .gguf file"
+            for field, model, known in checks
+            if model not in known and not Path(model).expanduser().exists()
+        ]
+        problems += unknown or _context_problems(args, checks[0][0], f"applications.{i}.args.engine")
     return problems
+
+
+def _context_problems(args: ServeArgs, model_field: str, where: str) -> list[str]:
+    """``max_model_len`` past the target's ``max_position_embeddings`` (what the replica's engine would refuse
+    after Ray started); reads the model's config.json (a built-in GGUF model is converted and cached first)."""
+    from flexspec.errors import FlexspecError
+    from flexspec.models.loader import load_config, resolve_model_dir
+    from flexspec.models.spec import ModelSpec
+
+    try:
+        limit = ModelSpec.from_hf(load_config(resolve_model_dir(args.engine.model))).max_position_embeddings
+    except FlexspecError as e:
+        return [f"{model_field}: {e.message}"]
+    n = args.engine.max_model_len
+    return (
+        [f"{where}.max_model_len: {n} exceeds the model's max_position_embeddings {limit}"]
+        if n > limit
+        else []
+    )
 
 
 def serve_forever(

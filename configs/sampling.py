@@ -5,11 +5,16 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS
+
+
 class SamplingParams(BaseModel):
     """How to pick output tokens for one request.
 
     Semantics follow vLLM's ``SamplingParams``: ``temperature == 0`` is greedy (argmax); otherwise logits are
-    divided by ``temperature``, then ``top_k`` and ``top_p`` truncate the distribution before sampling.
+    divided by ``temperature``, then ``top_k`` and ``top_p`` truncate the distribution before sampling. As in
+    vLLM, a temperature below ``GREEDY_BELOW`` (1e-5) is greedy: dividing float32 logits by it overflows to
+    inf, and the softmax of that is NaN.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -21,7 +26,9 @@ class SamplingParams(BaseModel):
     top_p: float = Field(
         1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus sampling mass, in (0, 1]."
     )
-    top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 or 0 = all.")
+    top_k: int = Field(
+        -1, ge=-1, le=2**31 - 1, description="Keep the k most likely tokens; -1 or 0 = all (at most 2^31 - 1)."
+    )
     seed: int | None = Field(None, description="Per-request RNG seed (reproducible sampling).")
     stop: list[str] = Field(default_factory=list, max_length=64, description="Stop strings (not returned).")
     stop_token_ids: list[int] = Field(
@@ -31,6 +38,11 @@ class SamplingParams(BaseModel):
     logprobs: int | None = Field(
         None, ge=0, le=20, description="Return the chosen token's logprob and top-n."
     )
+
+    @field_validator("temperature")
+    @classmethod
+    def _tiny_temperature_is_greedy(cls, v: float) -> float:
+        return 0.0 if v < GREEDY_BELOW else v
 
     @field_validator("stop", mode="before")
     @classmethod

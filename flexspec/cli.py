@@ -95,6 +95,10 @@ def generate(
         _fail(validation_message(e))
     if not prompt:
         _fail("prompt must not be empty")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # bytes that are not UTF-8 reach Python as lone surrogates
+        _fail(f"prompt is not valid UTF-8 text (position {e.start})")
 
     # importing the kernels reads no FLEXSPEC_* variable (the engine's modules below do)
     from flexspec_kernels._dispatch import EnvSettingError

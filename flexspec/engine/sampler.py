@@ -100,8 +100,10 @@ def apply_top_k_top_p(
     if need_p:
         probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
         cum = probs.cumsum(dim=-1)
-        # Remove a token if the mass before it already reaches top_p (the top token always stays).
+        # Remove a token if the mass before it already reaches top_p; the top token always stays (a top_p
+        # that rounds to 0 in float32, e.g. 1e-300, would remove it too and leave nothing to sample).
         remove |= (cum - probs) >= top_p.unsqueeze(1)
+        remove[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
 

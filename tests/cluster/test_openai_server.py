@@ -275,6 +275,11 @@ def test_bad_inputs_get_openai_errors(server, client):
     _assert_error(
         _post(server, "/chat/completions", {"model": m, "messages": msgs, "top_p": 0}), 400, "top_p"
     )
+    _assert_error(  # once a 503 that stopped the replica's engine loop (int64 overflow in the sampler)
+        _post(server, "/completions", {"model": m, "prompt": "hi", "temperature": 1, "top_k": 10**23}),
+        400,
+        "top_k",
+    )
     _assert_error(_post(server, "/chat/completions", {"model": m}), 400, "messages")
     _assert_error(_post(server, "/chat/completions", {"model": m, "messages": []}), 400, "messages")
     _assert_error(_post(server, "/chat/completions", {"model": m, "messages": [{"role": "wizard"}]}), 400)

@@ -38,6 +38,7 @@ def test_prompt_longer_than_max_model_len(engine):
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -2}, "top_k"),
+        ({"top_k": 10**23}, "top_k"),  # overflowed int64 in the sampler's tensor, inside the engine loop
         ({"stop": [""]}, "stop"),
         ({"temperature": float("nan")}, "temperature"),
         ({"top_p": float("nan")}, "top_p"),
@@ -47,6 +48,18 @@ def test_bad_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(ValidationError) as e:
         SamplingParams(**kwargs)
     assert field in str(e.value)
+
+
+def test_tiny_temperature_and_top_p_sample_the_top_token(engine):
+    """A temperature below 1e-5 is greedy (vLLM); a top_p that rounds to 0 in float32 keeps the top token.
+    Both used to give NaN probabilities and token 0 (<|endoftext|>) at every step."""
+    greedy = engine.generate(["Hello"], SamplingParams(max_tokens=4, temperature=0))[0].token_ids
+    assert (
+        SamplingParams(temperature=1e-38).temperature == 0.0 and SamplingParams(temperature=1e-5).temperature
+    )
+    for params in (SamplingParams(temperature=1e-38), SamplingParams(top_p=1e-300, seed=1)):
+        out = engine.generate(["Hello"], params.model_copy(update={"max_tokens": 4}))[0].token_ids
+        assert out == greedy, params
 
 
 def test_nan_is_called_not_finite():  # not "should be <= 100" (its failed range check)

@@ -36,7 +36,7 @@ def _default_config() -> dict:
 
 
 BAD_CONFIG_IDS = ["unclosed", "double-comma", "top-list", "apps-mapping", "app-string", "port-range", "port-type",
-                  "ray-field"]  # fmt: skip
+                  "ray-field", "http-typo", "top-typo", "app-typo"]  # fmt: skip
 
 
 # ---- flexspec serve: the config file --------------------------------------------------------------------------
@@ -51,6 +51,12 @@ BAD_CONFIG_IDS = ["unclosed", "double-comma", "top-list", "apps-mapping", "app-s
         ("http_options: {port: 70000}\napplications: []\n", "http_options.port: 70000"),
         ("http_options: {port: abc}\napplications: []\n", "http_options.port"),
         ("applications: []\nproxy_location: Nowhere\n", "proxy_location"),
+        ("http_options: {prot: 8011}\napplications: []\n", "http_options.prot: unknown field"),
+        ("applications: []\nfoo: 1\n", "foo: unknown field"),
+        (
+            "applications:\n  - {name: x, import_path: a:b, route_prefx: /}\n",
+            "applications.0.route_prefx: unknown",
+        ),
     ],
     ids=BAD_CONFIG_IDS,
 )
@@ -106,6 +112,20 @@ def test_serve_rejects_unknown_models_before_ray_starts(tmp_path, edit, field, v
     assert f"{field}: unknown model {value!r}" in result.output
 
 
+def test_serve_rejects_a_context_past_the_model_before_ray_starts(tmp_path):
+    """Was: Ray started, the replica failed 3 times on the engine's ConfigError, exit 1 after ~a minute."""
+    config = _default_config()
+    config["applications"][0]["args"]["engine"]["max_model_len"] = 1_000_000
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = _run(["serve", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    assert (
+        "applications.0.args.engine.max_model_len: 1000000 exceeds the model's max_position_embeddings 8192"
+        in result.output
+    )
+
+
 def test_serve_checks_models_only_for_its_own_cluster(tmp_path, monkeypatch):
     """With --address the replicas run elsewhere, where the path may exist: no local model check."""
     import cluster.launcher
@@ -130,6 +150,14 @@ def test_generate_device_cuda_without_cuda():
     result = _run(["generate", "hi", "--device", "cuda"])
     assert result.exit_code == 2
     assert result.output.strip() == "error: device='cuda' but no CUDA/ROCm device is visible"
+
+
+def test_generate_rejects_a_prompt_that_is_not_utf8():
+    result = _run(["generate", "\udcff\udcfe", "--device", "cpu"])  # bytes ff fe as the shell passes them
+    assert (
+        result.exit_code == 2
+        and result.output.strip() == "error: prompt is not valid UTF-8 text (position 0)"
+    )
 
 
 def test_generate_max_model_len_past_the_model():
