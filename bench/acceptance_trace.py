@@ -14,9 +14,16 @@ block at a position depends only on the tokens before it (DFlash: on the target'
 tokens), not on which steps speculated before, so a trace is each request's acceptance at every position
 under any schedule of plain and speculative steps; ``bench.policy_replay`` replays the per-batch policy over it.
 
+``--top-r R`` (DFlash / DSpark: drafters whose block at a position is one forward of the target's context)
+also records, per output position L, where the target's tokens L, L+1, ... ranked in the drafter's block that
+was verified there: ``ranks[L][i]`` = rank of output token L+i at block depth i (0 = the draft itself; R = not
+in the top R), and ``probs[L][i]`` = the block's top-R probabilities at depth i. That is what a verification
+of a draft *tree* (several candidates per depth) would have accepted there: ``bench.tree_replay``.
+
 Output JSON: ``{"schema": "flexspec.bench.acceptance_trace/1", "env", "config", "num_speculative_tokens",
 "traces": {dataset: [{"prompt_len", "num_output_tokens", "accepted": [int, ...]}]}}`` with
-``len(accepted) == num_output_tokens``.
+``len(accepted) == num_output_tokens`` (with ``--top-r``, also ``ranks`` and ``probs``, None where
+``accepted`` is None).
 """
 
 from __future__ import annotations
@@ -50,13 +57,21 @@ def build_parser(prog: str = "python -m bench.acceptance_trace") -> argparse.Arg
     p.add_argument("--batch-size", type=positive_int, default=8, help="requests decoded together")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
+    p.add_argument(
+        "--top-r",
+        type=int,
+        default=0,
+        help="also record each block's top-R candidates per depth (ranks, probs; DFlash / DSpark; 0 = off)",
+    )
     p.add_argument("--output", type=output_path, required=True)
     return p
 
 
-def collect(engine: Any, prompts: list[list[int]], max_tokens: int, batch_size: int) -> list[dict[str, Any]]:
+def collect(
+    engine: Any, prompts: list[list[int]], max_tokens: int, batch_size: int, top_r: int = 0
+) -> list[dict[str, Any]]:
     """Decode ``prompts`` in batches of ``batch_size`` with every step's emission cut to its first token;
-    returns one trace per prompt (see the module doc)."""
+    returns one trace per prompt (see the module doc; ``top_r`` > 0 adds ``ranks`` and ``probs``)."""
     from configs import SamplingParams
     from flexspec.spec import spec_worker
 
@@ -80,6 +95,23 @@ def collect(engine: Any, prompts: list[list[int]], max_tokens: int, batch_size: 
         return real_execute(inp)
 
     spec_worker.verify, worker.execute = first_token_only, execute
+    blocks: dict[int, dict[int, tuple[list[list[int]], list[list[float]]]]] = {}
+    drafter = worker.drafter
+    real_select = getattr(drafter, "_select", None)
+    if top_r > 0:
+        if real_select is None:
+            raise ValueError(f"--top-r: the {drafter.method} drafter has no block of candidates to rank")
+        graphs = drafter._graphs
+        drafter._graphs = None  # the captured block forward returns drafts only, not the logits
+
+        def select(items, hidden, logits):  # logits [S, K, V] fp32: the block's distributions
+            top = logits.softmax(-1).topk(top_r, dim=-1)
+            ids, probs = top.indices.tolist(), top.values.tolist()
+            for s, b in enumerate(items):  # keyed by the bonus token's position
+                blocks.setdefault(b.seq_id, {})[len(b.token_ids) - 1] = (ids[s], probs[s])
+            return real_select(items, hidden, logits)
+
+        drafter._select = select
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     traces: list[dict[str, Any]] = []
     try:
@@ -97,10 +129,57 @@ def collect(engine: Any, prompts: list[list[int]], max_tokens: int, batch_size: 
                 n = len(final[rid].token_ids)
                 if len(acc) != n:
                     raise RuntimeError(f"trace of {len(acc)} steps for {n} output tokens")
-                traces.append({"prompt_len": len(p), "num_output_tokens": n, "accepted": acc})
+                trace = {"prompt_len": len(p), "num_output_tokens": n, "accepted": acc}
+                if top_r > 0:
+                    trace.update(
+                        block_ranks(blocks.pop(seq_ids[rid], {}), len(p), final[rid].token_ids, acc, top_r)
+                    )
+                traces.append(trace)
     finally:
         spec_worker.verify, worker.execute = real_verify, real_execute
+        if top_r > 0:
+            drafter._select, drafter._graphs = real_select, graphs
     return traces
+
+
+def block_ranks(
+    blocks: dict[int, tuple[list[list[int]], list[list[float]]]],
+    prompt_len: int,
+    output: list[int],
+    accepted: list[int | None],
+    top_r: int,
+) -> dict[str, list]:
+    """Per output position L with a verification (``accepted[L]`` not None): ``ranks[L]`` [depth] = rank of
+    output token L+i among the top-R candidates of the block whose bonus was output token L-1 (``top_r`` when
+    not among them), for every depth up to the output's end, and ``probs[L]`` [depth][R] = those candidates'
+    probabilities (4 decimals). ``blocks``: bonus position -> (ids [K][R], probs [K][R]).
+
+    Raises:
+        RuntimeError: a verified position without its block, or whose leading rank-0 run is shorter than what
+            the verification accepted within the output (the ranks would then not describe the drafts that
+            were verified).
+    """
+    ranks: list[list[int] | None] = []
+    probs: list[list[list[float]] | None] = []
+    for L, acc in enumerate(accepted):
+        if acc is None:
+            ranks.append(None)
+            probs.append(None)
+            continue
+        block = blocks.get(prompt_len + L - 1)
+        if block is None:
+            raise RuntimeError(f"no drafter block recorded for output position {L}")
+        ids, ps = block
+        depth = min(len(ids), len(output) - L)
+        row = [ids[i].index(output[L + i]) if output[L + i] in ids[i] else top_r for i in range(depth)]
+        lead = next((i for i, r in enumerate(row) if r != 0), len(row))
+        if lead < min(
+            acc, depth
+        ):  # at the end a verification may accept drafts past EOS, cut from the output
+            raise RuntimeError(f"position {L}: {acc} drafts accepted but only {lead} ranked first")
+        ranks.append(row)
+        probs.append([[round(x, 4) for x in ps[i]] for i in range(depth)])
+    return {"ranks": ranks, "probs": probs}
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench.acceptance_trace") -> dict[str, Any]:
@@ -137,7 +216,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.acceptance_
     )
     for d in args.dataset:
         prompts = prompt_token_ids(tokenizer, d, args.num_prompts, args.max_prompt_len)
-        traces = collect(engine, prompts, args.max_tokens, args.batch_size)
+        traces = collect(engine, prompts, args.max_tokens, args.batch_size, args.top_r)
         report.doc["traces"][d] = traces
         report.save()
         acc = [a for t in traces for a in t["accepted"] if a is not None]
