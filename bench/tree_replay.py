@@ -35,6 +35,7 @@ without ``--top-r`` ranks, an unreadable file) is a usage error (exit 2).
 from __future__ import annotations
 
 import argparse
+import gzip
 import heapq
 import json
 from collections import Counter
@@ -52,7 +53,9 @@ Accept = Callable[[int], int]  # output position L -> drafts a step verifying th
 
 def build_parser(prog: str = "python -m bench.tree_replay") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("traces", type=Path, help="bench.acceptance_trace JSON recorded with --top-r")
+    p.add_argument(
+        "traces", type=Path, help="bench.acceptance_trace JSON (or .json.gz) recorded with --top-r"
+    )
     p.add_argument("--budgets", type=int_list, default=[15, 31, 63], help="draft nodes per step (comma list)")
     p.add_argument("--output", type=output_path, default=None, help="write the results as JSON here")
     return p
@@ -164,11 +167,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.tree_replay
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
-        doc = json.loads(args.traces.read_text())
+        raw = args.traces.read_bytes()
+        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)  # .json or .json.gz
         if doc.get("schema") != "flexspec.bench.acceptance_trace/1":
             raise ValueError(f"not an acceptance trace (schema {doc.get('schema')!r})")
         out = run(doc, args.budgets)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
         parser.error(f"{args.traces}: {e}")
     for name, res in out["datasets"].items():
         cells = ", ".join(f"{tree} {r['mal']}" for tree, r in res["trees"].items())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import math
@@ -99,6 +100,9 @@ def test_main_reports_every_tree_and_rejects_traces_without_ranks(tmp_path, caps
     # dynamic by products: N=3 = (0,) .7, (0,0) .35, (0,0,0) .315: accepts 1; N=5 adds (0,1) .28, (0,1,0) .252
     assert trees["dynamic (N=3)"]["mal"] == 2.0 and trees["dynamic (N=5)"]["mal"] == 3.75
     assert json.loads((tmp_path / "r.json").read_text())["schema"] == "flexspec.bench.tree_replay/1"
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert tree_main([str(gz), "--budgets", "3,5"])["datasets"] == out["datasets"]
     doc["traces"]["gsm8k"] = [{k: v for k, v in trace.items() if k != "ranks"}] * 4
     path.write_text(json.dumps(doc))
     with pytest.raises(SystemExit) as e:
