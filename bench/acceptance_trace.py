@@ -14,8 +14,8 @@ block at a position depends only on the tokens before it (DFlash: on the target'
 tokens), not on which steps speculated before, so a trace is each request's acceptance at every position
 under any schedule of plain and speculative steps; ``bench.policy_replay`` replays the per-batch policy over it.
 
-``--top-r R`` (DFlash / DSpark: drafters whose block at a position is one forward of the target's context)
-also records, per output position L, where the target's tokens L, L+1, ... ranked in the drafter's block that
+``--top-r R`` (DFlash: its block at a position is one forward of the target's context, every depth's
+distribution independent of the drafts chosen at the others; 1 <= R <= 64) also records, per output position L, where the target's tokens L, L+1, ... ranked in the drafter's block that
 was verified there: ``ranks[L][i]`` = rank of output token L+i at block depth i (0 = the draft itself; R = not
 in the top R), and ``probs[L][i]`` = the block's top-R probabilities at depth i. That is what a verification
 of a draft *tree* (several candidates per depth) would have accepted there: ``bench.tree_replay``.
@@ -44,6 +44,7 @@ from bench.common import (
 )
 
 SCHEMA = "flexspec.bench.acceptance_trace/1"
+MAX_TOP_R = 64
 
 
 def build_parser(prog: str = "python -m bench.acceptance_trace") -> argparse.ArgumentParser:
@@ -61,7 +62,7 @@ def build_parser(prog: str = "python -m bench.acceptance_trace") -> argparse.Arg
         "--top-r",
         type=int,
         default=0,
-        help="also record each block's top-R candidates per depth (ranks, probs; DFlash / DSpark; 0 = off)",
+        help="also record each block's top-R candidates per depth (ranks, probs; DFlash; 0 = off, at most 64)",
     )
     p.add_argument("--output", type=output_path, required=True)
     return p
@@ -183,7 +184,15 @@ def block_ranks(
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench.acceptance_trace") -> dict[str, Any]:
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if args.top_r:
+        if not 0 < args.top_r <= MAX_TOP_R:
+            parser.error(f"--top-r: expected 0 (off) or 1..{MAX_TOP_R}, got {args.top_r}")
+        cfg = json.loads(args.speculative_config)
+        method = cfg.get("method") if isinstance(cfg, dict) else None
+        if method != "dflash":  # DSpark's drafts add a Markov term per depth: not the block's ranks
+            parser.error(f"--top-r: needs method 'dflash' (one block of candidates per step), not {method!r}")
     from transformers import AutoTokenizer
 
     from configs import EngineConfig

@@ -64,23 +64,44 @@ def datasets_arg(text: str) -> list[str]:
 
 def output_path(text: str) -> Path:
     """A file the run can write its results to (argparse ``type=``), checked before any measurement, so a long
-    benchmark does not fail only at its first save: the folder is created if missing and a probe file is written
-    and removed. Errors: an empty path, an existing folder, or a folder that cannot be created or written."""
+    benchmark does not fail only at its first save: the folder is created if missing (it stays, also when the
+    run then fails) and a probe file is written and removed. Errors: an empty path, ``-`` (no stdout output),
+    an existing folder, or a folder that cannot be created or written."""
     import argparse
-    import tempfile
 
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a file path, got an empty string")
+    if not text.strip() or text == "-":
+        raise argparse.ArgumentTypeError(f"expected a file path, got {text!r}")
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file path")
+    _check_writable_folder(path.parent, text)
+    return path
+
+
+def output_dir(text: str) -> Path:
+    """A folder the run can write files into (argparse ``type=``), created and checked as ``output_path``."""
+    import argparse
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder path, got an empty string")
+    path = Path(text)
+    _check_writable_folder(path, text)
+    return path
+
+
+def _check_writable_folder(folder: Path, text: str) -> None:
+    import argparse
+    import tempfile
+
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(blocker)!r} is a file, not a folder")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".flexspec-", suffix=".probe"):
             pass
     except OSError as e:
         raise argparse.ArgumentTypeError(f"cannot write {text!r}: {e.strerror or e}") from None
-    return path
 
 
 # ---- environment ---------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from bench.common import (
     int_list,
     log,
     median,
+    output_dir,
     output_path,
     positive_int,
     prompt_token_ids,
@@ -128,7 +129,7 @@ def build_parser(prog: str = "python -m bench.spec_bench") -> argparse.ArgumentP
     p.add_argument(
         "--output", type=output_path, default=None, help="Results JSON (rewritten after every point)."
     )
-    p.add_argument("--plots", default=None, help="Also write PNG plots into this folder.")
+    p.add_argument("--plots", type=output_dir, default=None, help="Also write PNG plots into this folder.")
     p.add_argument(
         "--step-log",
         default=None,

@@ -138,6 +138,8 @@ def run(doc: dict[str, Any], budgets: list[int]) -> dict[str, Any]:
         half = len(traces) // 2
         halves[name] = (traces[:half], traces[half:])
     fit = [t for first, _ in halves.values() for t in first]
+    if not fit:
+        raise ValueError("no request to fit the static trees on: each dataset needs at least 2 requests")
     static = {n: fit_static_tree(fit, n, top_r) for n in budgets}
     results: dict[str, Any] = {}
     for name, (_, held_out) in halves.items():
@@ -169,10 +171,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.tree_replay
     try:
         raw = args.traces.read_bytes()
         doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)  # .json or .json.gz
-        if doc.get("schema") != "flexspec.bench.acceptance_trace/1":
-            raise ValueError(f"not an acceptance trace (schema {doc.get('schema')!r})")
+        if not isinstance(doc, dict) or doc.get("schema") != "flexspec.bench.acceptance_trace/1":
+            what = (
+                f"schema {doc.get('schema')!r}" if isinstance(doc, dict) else f"a JSON {type(doc).__name__}"
+            )
+            raise ValueError(f"not an acceptance trace ({what})")
         out = run(doc, args.budgets)
-    except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
+    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         parser.error(f"{args.traces}: {e}")
     for name, res in out["datasets"].items():
         cells = ", ".join(f"{tree} {r['mal']}" for tree, r in res["trees"].items())

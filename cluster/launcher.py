@@ -135,10 +135,14 @@ def load_serve_config(
     except ValidationError as e:
         raise ServeConfigError(validation_message(e)) from e
     unknown = _unknown_keys(raw, ServeDeploySchema, "")
-    if isinstance(raw.get("http_options"), dict):
-        unknown += _unknown_keys(raw["http_options"], type(config.http_options), "http_options.")
+    for key in ("http_options", "grpc_options"):
+        if isinstance(raw.get(key), dict):
+            unknown += _unknown_keys(raw[key], type(getattr(config, key)), f"{key}.")
     for i, (app, parsed) in enumerate(zip(apps or [], config.applications)):
         unknown += _unknown_keys(app, type(parsed), f"applications.{i}.")
+        for j, (dep, dep_parsed) in enumerate(zip(app.get("deployments") or [], parsed.deployments)):
+            if isinstance(dep, dict):
+                unknown += _unknown_keys(dep, type(dep_parsed), f"applications.{i}.deployments.{j}.")
     if unknown:  # Serve's schemas ignore them: a typo (``prot: 8001``) would silently fall back to a default
         raise ServeConfigError(f"{unknown[0]}: unknown field (not in Ray Serve's config schema)")
     if not 1 <= config.http_options.port <= 65535:
@@ -219,6 +223,8 @@ def _context_problems(args: ServeArgs, model_field: str, where: str) -> list[str
         limit = ModelSpec.from_hf(load_config(resolve_model_dir(args.engine.model))).max_position_embeddings
     except FlexspecError as e:
         return [f"{model_field}: {e.message}"]
+    except (KeyError, ValueError, TypeError) as e:  # a config.json without a field the model needs
+        return [f"{model_field}: the model's config.json cannot be read as a supported model: {e!r}"]
     n = args.engine.max_model_len
     return (
         [f"{where}.max_model_len: {n} exceeds the model's max_position_embeddings {limit}"]

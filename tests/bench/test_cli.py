@@ -81,19 +81,31 @@ def test_python_m_keeps_the_traceback_of_other_errors(tmp_path):
 def test_output_path_checks_the_file_can_be_written(tmp_path):
     import argparse
 
-    from bench.common import output_path
+    from bench.common import output_dir, output_path
 
     assert output_path(str(tmp_path / "new" / "r.json")) == tmp_path / "new" / "r.json"
     assert (tmp_path / "new").is_dir() and not list((tmp_path / "new").iterdir())  # the probe file is gone
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     for bad, why in [
-        ("", "empty"),
+        ("", "expected a file path"),
+        ("-", "expected a file path"),
         (str(tmp_path), "is a folder"),
-        (str(blocker / "r.json"), "cannot write"),
+        (str(blocker / "r.json"), "is a file, not a folder"),
+        (str(blocker / "sub" / "r.json"), "is a file, not a folder"),
     ]:
         with pytest.raises(argparse.ArgumentTypeError, match=why):
             output_path(bad)
+    assert output_dir(str(tmp_path / "plots" / "x")).is_dir()
+    with pytest.raises(argparse.ArgumentTypeError, match="is a file, not a folder"):
+        output_dir(str(blocker))
+
+
+def test_spec_bench_checks_the_plots_folder_before_measuring(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    proc = _python_m("bench.spec_bench", "--plots", str(blocker))
+    assert proc.returncode == 2 and "argument --plots: cannot write" in proc.stderr, proc.stderr
 
 
 # Every benchmark that writes a results file checks --output before it measures anything (root ignores file modes,

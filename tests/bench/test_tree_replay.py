@@ -108,3 +108,46 @@ def test_main_reports_every_tree_and_rejects_traces_without_ranks(tmp_path, caps
     with pytest.raises(SystemExit) as e:
         tree_main([str(path)])
     assert e.value.code == 2 and "record it with --top-r" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--top-r", "100"], "--top-r: expected 0 (off) or 1..64"),
+        (["--top-r", "-1"], "--top-r: expected 0 (off) or 1..64"),
+        (["--top-r", "4", "--speculative-config", '{"method": "ngram"}'], "needs method 'dflash'"),
+    ],
+)
+def test_top_r_is_checked_before_the_engine_loads(args, message, tmp_path, capsys):
+    from bench.acceptance_trace import main as trace_main
+
+    spec = ["--speculative-config", '{"method": "dflash", "model": "smollm2-135m-instruct-dflash"}']
+    with pytest.raises(SystemExit) as e:
+        trace_main([*spec, "--output", str(tmp_path / "t.json"), *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ([], "not an acceptance trace"),
+        ({"schema": "flexspec.bench.acceptance_trace/1", "config": None}, "tree_replay: error"),
+        (
+            {
+                "schema": "flexspec.bench.acceptance_trace/1",
+                "config": {"top_r": 2},
+                "num_speculative_tokens": 2,
+                "traces": {
+                    "gsm8k": [{"ranks": [None, [0]], "probs": [None, [[0.9, 0.1]]], "accepted": [None, 1]}]
+                },
+            },
+            "needs at least 2 requests",
+        ),
+    ],
+)
+def test_malformed_traces_are_usage_errors(doc, message, tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SystemExit) as e:
+        tree_main([str(path)])
+    assert e.value.code == 2 and message in capsys.readouterr().err

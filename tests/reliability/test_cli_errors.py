@@ -36,7 +36,7 @@ def _default_config() -> dict:
 
 
 BAD_CONFIG_IDS = ["unclosed", "double-comma", "top-list", "apps-mapping", "app-string", "port-range", "port-type",
-                  "ray-field", "http-typo", "top-typo", "app-typo"]  # fmt: skip
+                  "ray-field", "http-typo", "top-typo", "app-typo", "grpc-typo", "deployment-typo"]  # fmt: skip
 
 
 # ---- flexspec serve: the config file --------------------------------------------------------------------------
@@ -56,6 +56,11 @@ BAD_CONFIG_IDS = ["unclosed", "double-comma", "top-list", "apps-mapping", "app-s
         (
             "applications:\n  - {name: x, import_path: a:b, route_prefx: /}\n",
             "applications.0.route_prefx: unknown",
+        ),
+        ("grpc_options: {prt: 9100}\napplications: []\n", "grpc_options.prt: unknown field"),
+        (
+            "applications:\n  - {name: x, import_path: a:b, deployments: [{name: D, num_replica: 3}]}\n",
+            "applications.0.deployments.0.num_replica: unknown field",
         ),
     ],
     ids=BAD_CONFIG_IDS,
@@ -124,6 +129,21 @@ def test_serve_rejects_a_context_past_the_model_before_ray_starts(tmp_path):
         "applications.0.args.engine.max_model_len: 1000000 exceeds the model's max_position_embeddings 8192"
         in result.output
     )
+
+
+def test_serve_names_the_model_whose_config_is_incomplete(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"")
+    config = _default_config()
+    config["applications"][0]["args"]["model"] = str(folder)
+    config["applications"][0]["args"]["speculative_config"] = None
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = _run(["serve", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "applications.0.args.model: the model's config.json cannot be read" in result.output
 
 
 def test_serve_checks_models_only_for_its_own_cluster(tmp_path, monkeypatch):
