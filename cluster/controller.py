@@ -28,7 +28,7 @@ from typing import Any
 from cluster.metrics import STEP_SECONDS_BUCKETS
 from configs.sampling import SamplingParams
 from flexspec.engine.outputs import RequestOutput
-from flexspec.errors import EngineDeadError
+from flexspec.errors import EngineDeadError, EngineStepError, WorkerGroupError
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +170,12 @@ class EngineController:
             log.exception("engine loop died")
             self.error = e
             dead = EngineDeadError(f"engine failed: {type(e).__name__}: {e}")
+            # Requests of the failed step: retryable (503, engine_unavailable) when a rank was lost; otherwise a
+            # 500 that the ingress does not retry elsewhere, since one of them may have caused the failure.
+            lost_rank = isinstance(e, (WorkerGroupError, EngineDeadError, OSError, EOFError))
+            in_flight = dead if lost_rank else EngineStepError(f"engine failed: {type(e).__name__}: {e}")
             for stream in self._streams.values():
-                stream.put(dead)
+                stream.put(in_flight)
             self._streams.clear()
             while True:  # fail requests that arrived after the crash too
                 try:

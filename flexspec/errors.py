@@ -103,6 +103,15 @@ class EngineDeadError(FlexspecError):
     type = "engine_unavailable"
 
 
+class EngineStepError(FlexspecError):
+    """A step failed with this request in its batch, for a reason other than a lost TP rank (e.g. an exception
+    in sampling): the engine loop stopped and Serve restarts the replica, but the request is not retried on
+    another one, since it may be what made the step fail (a retry could stop the next replica too)."""
+
+    status = 500
+    type = "server_error"
+
+
 class WorkerGroupError(FlexspecError):
     """A TP rank died, failed, or did not answer in time; the replica must be restarted."""
 

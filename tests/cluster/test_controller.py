@@ -15,7 +15,7 @@ from cluster.errors import EngineDeadError
 from cluster.metrics import STEP_SECONDS_BUCKETS, ServerMetrics
 from cluster.server import LLMServer
 from configs import EngineConfig, SamplingParams
-from flexspec.errors import ContextLengthExceededError
+from flexspec.errors import ContextLengthExceededError, EngineStepError, WorkerGroupError
 from tests.conftest import DEFAULT_MODEL
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
@@ -244,9 +244,11 @@ def test_metrics_spec_decode_counters_equal_engine(ngram_engine):
 
 
 class _FailingEngine:
-    """Just enough engine for the controller; ``step`` fails like a dead TP rank."""
+    """Just enough engine for the controller; ``step`` fails like a dead TP rank (``error``: as something
+    else)."""
 
-    def __init__(self) -> None:
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error or WorkerGroupError("TP worker group failed during execute: rank 1 died")
         self.config = SimpleNamespace(speculative_config=None)
         self.scheduler = SimpleNamespace(running=[], waiting=[])
         self.block_manager = SimpleNamespace(usage=0.0)
@@ -264,7 +266,7 @@ class _FailingEngine:
         self.pending.discard(request_id)
 
     def step(self) -> list:
-        raise RuntimeError("TP worker group failed during execute: rank 1 died")
+        raise self.error
 
 
 def test_engine_failure_fails_requests_and_health():
@@ -275,10 +277,33 @@ def test_engine_failure_fails_requests_and_health():
             pass
 
     try:
-        with pytest.raises(EngineDeadError, match="rank 1 died"):
+        with pytest.raises(
+            EngineDeadError, match="rank 1 died"
+        ):  # 503 engine_unavailable: the ingress retries
             asyncio.run(run())
         assert not ctl.healthy
         with pytest.raises(EngineDeadError):  # later requests fail fast too
+            asyncio.run(run())
+    finally:
+        ctl.stop()
+
+
+def test_a_step_that_fails_in_the_engine_is_not_retried_elsewhere():
+    """A step that raises for another reason than a lost rank (here what a huge top_k once raised in the
+    sampler) fails its requests with a 500 the ingress does not retry on the next replica, since one of them
+    may be the cause; requests that arrive afterwards get the retryable 503."""
+    ctl = EngineController(_FailingEngine(ValueError("Overflow when unpacking long long"))).start()
+
+    async def run() -> None:
+        async for _ in ctl.generate([("r", [1, 2], SamplingParams())]):
+            pass
+
+    try:
+        with pytest.raises(EngineStepError, match="Overflow") as e:
+            asyncio.run(run())
+        assert (e.value.status, e.value.type) == (500, "server_error")
+        assert not ctl.healthy
+        with pytest.raises(EngineDeadError):
             asyncio.run(run())
     finally:
         ctl.stop()
