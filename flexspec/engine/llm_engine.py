@@ -337,7 +337,10 @@ class LLMEngine(AsyncSchedulingMixin):
             # Only decode steps time a mode: a step that also prefills a prompt costs what its prompt costs
             # (eager, 10-20x a decode step on the H200), and recorded as the mode's time it locked that mode
             # out of batches with request turnover.
-            decode = all(s.num_new_tokens == 1 + s.num_draft_tokens for s in sched.scheduled)
+            scheduled = sched.scheduled  # one token each and no drafts: a pure decode step without a loop
+            decode = (len(inp.input_ids) == len(scheduled) and not any(inp.num_draft_tokens)) or all(
+                s.num_new_tokens == 1 + s.num_draft_tokens for s in scheduled
+            )
             self.policy.observe(
                 inp.spec_mode,
                 len(sched.scheduled),

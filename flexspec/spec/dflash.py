@@ -97,6 +97,8 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         )
         self.features: FeatureCache | None = None
         self._pending_from: dict[int, int] = {}
+        self._noted_ids: list[int] = []  # the batch of the last plain step noted into _pending_from
+        self._noted_len = -1  # len(_pending_from) right after it (an entry dropped since: noted again)
         self._packed_masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # S -> packed block masks
         self._graphs: BatchGraphs | None = None  # block forward, captured per batch size on GPU
         self._context_graphs: BatchGraphs | None = None  # context K/V writes, captured per row count on GPU
@@ -180,11 +182,16 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         Otherwise it is written now, enqueued without waiting for the device (the context step is the captured
         graph up to its row count, eager beyond). DSpark inherits this."""
         if self.defer_context:
+            # The same batch as the last plain step, with no entry dropped since: every sequence's first unwritten
+            # position is noted already (its context only grew). Skips a loop over the batch on most plain steps.
+            if inp.seq_ids == self._noted_ids and len(self._pending_from) == self._noted_len:
+                return
             pending = self._pending_from
             for sid, ctx in zip(inp.seq_ids, inp.context_lens):
                 first = pending.get(sid)
                 if first is None or first > ctx:
                     pending[sid] = ctx
+            self._noted_ids, self._noted_len = list(inp.seq_ids), len(pending)
             return
         self._write_plain_context(inp, captured)
 
