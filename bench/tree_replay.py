@@ -26,6 +26,8 @@ Trees compared, each with at most N draft nodes per step (the chain of k drafts 
   acceptance statistics);
 - ``dynamic``: per step, the N paths of highest product of the block's own probabilities along the path
   (EAGLE-2's confidence-ordered expansion, arXiv 2406.16858), from the recorded top-R probabilities; no fitting.
+  Near a request's end the recorded depths stop at its last token, so there the tree spends its nodes on the
+  depths left, which an engine would not know (at most a few steps per request; a small optimistic bias).
 
 Output JSON (``schema`` flexspec.bench.tree_replay/1): per dataset and tree, MAL over the evaluated requests,
 steps, tokens and the number of draft nodes verified per step; the static tree's paths. Bad input (a trace
@@ -63,12 +65,13 @@ def build_parser(prog: str = "python -m bench.tree_replay") -> argparse.Argument
 
 def replay(trace: dict[str, Any], accept: Accept) -> tuple[int, int]:
     """Decode one request along its trace: from its first verified position L, each step accepts
-    ``accept(L)`` drafts and emits that many + 1 tokens. Returns (steps, tokens)."""
+    ``accept(L)`` drafts and emits that many + 1 tokens; a position without drafts (the last token when the
+    request ends at ``max_tokens``: nothing left to draft for) is a one-token step. Returns (steps, tokens)."""
     ranks = trace["ranks"]
     L = next((i for i, r in enumerate(ranks) if r is not None), len(ranks))
     steps = tokens = 0
-    while L < len(ranks) and ranks[L] is not None:
-        a = min(accept(L), len(ranks) - L - 1)
+    while L < len(ranks):
+        a = 0 if ranks[L] is None else min(accept(L), len(ranks) - L - 1)
         steps += 1
         tokens += a + 1
         L += a + 1

@@ -170,12 +170,14 @@ class EngineController:
             log.exception("engine loop died")
             self.error = e
             dead = EngineDeadError(f"engine failed: {type(e).__name__}: {e}")
-            # Requests of the failed step: retryable (503, engine_unavailable) when a rank was lost; otherwise a
-            # 500 that the ingress does not retry elsewhere, since one of them may have caused the failure.
-            lost_rank = isinstance(e, (WorkerGroupError, EngineDeadError, OSError, EOFError))
-            in_flight = dead if lost_rank else EngineStepError(f"engine failed: {type(e).__name__}: {e}")
-            for stream in self._streams.values():
-                stream.put(in_flight)
+            # The running requests (the failed step's batch) get a 500 that the ingress does not retry elsewhere,
+            # since one of them may have caused the failure, unless the device or a rank failed (retryable 503s,
+            # like every request still waiting). Only the in-process executor raises the step's own exception:
+            # the Ray executor reports any rank's exception as a WorkerGroupError.
+            step_failed = EngineStepError(f"engine failed: {type(e).__name__}: {e}")
+            in_step = set() if _infrastructure_error(e) else _running_request_ids(engine)
+            for request_id, stream in self._streams.items():
+                stream.put(step_failed if request_id in in_step else dead)
             self._streams.clear()
             while True:  # fail requests that arrived after the crash too
                 try:
@@ -233,3 +235,22 @@ class EngineController:
             snap.spec_decode_num_draft_tokens = m.num_draft_tokens
             snap.spec_decode_num_accepted_tokens = m.num_accepted_tokens
             snap.spec_decode_num_accepted_tokens_per_pos = list(m.num_accepted_tokens_per_pos)
+
+
+def _infrastructure_error(e: BaseException) -> bool:
+    """A lost rank, a broken connection or a device fault (out of memory, a faulting kernel): another replica may
+    well serve the same requests."""
+    import torch
+
+    device_errors = tuple(
+        t for t in (torch.OutOfMemoryError, getattr(torch, "AcceleratorError", None)) if isinstance(t, type)
+    )
+    return isinstance(e, (WorkerGroupError, EngineDeadError, OSError, EOFError, *device_errors))
+
+
+def _running_request_ids(engine: Any) -> set[str]:
+    """Request ids of the engine's running sequences (a failed step's batch; waiting requests are not in it)."""
+    try:
+        return {seq.request_id for seq in engine.scheduler.running}
+    except Exception:  # noqa: BLE001 - an engine broken enough not to say: treat every request as retryable
+        return set()

@@ -104,9 +104,10 @@ class EngineDeadError(FlexspecError):
 
 
 class EngineStepError(FlexspecError):
-    """A step failed with this request in its batch, for a reason other than a lost TP rank (e.g. an exception
-    in sampling): the engine loop stopped and Serve restarts the replica, but the request is not retried on
-    another one, since it may be what made the step fail (a retry could stop the next replica too)."""
+    """A step failed with this request in its batch, for a reason other than a lost TP rank or a device fault (e.g.
+    an exception in sampling; in-process executor only): the engine loop stopped and Serve restarts the replica,
+    but the request is not retried on another one, since it may be what made the step fail (a retry could stop
+    the next replica too)."""
 
     status = 500
     type = "server_error"

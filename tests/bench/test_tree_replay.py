@@ -49,6 +49,8 @@ def test_leading_and_replay_walk_a_request_like_decoding():
     trace = {"ranks": [None, [0, 0, 5], [0], [1, 0], [0, 0], [0]]}
     # from L=1: accepts 2 (tokens 1-3), then L=4: accepts min(2, 6-4-1) = 1 (tokens 4-5): 2 steps, 5 tokens
     assert replay(trace, lambda L: leading(trace["ranks"][L])) == (2, 5)
+    ends = {"ranks": [None, [0], [1], None]}  # the last token had nothing left to draft for: a one-token step
+    assert replay(ends, lambda L: leading(ends["ranks"][L])) == (2, 3)
 
 
 def test_ranks_describe_the_real_drafters_blocks(engine):

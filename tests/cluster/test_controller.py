@@ -9,6 +9,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from cluster.controller import EngineController
 from cluster.errors import EngineDeadError
@@ -261,6 +262,8 @@ class _FailingEngine:
 
     def add_request(self, ids, params, request_id):
         self.pending.add(request_id)
+        if not request_id.startswith("waiting"):  # admitted to the batch; "waiting-*" ones queue behind it
+            self.scheduler.running.append(SimpleNamespace(request_id=request_id))
 
     def abort(self, request_id: str) -> None:
         self.pending.discard(request_id)
@@ -288,22 +291,36 @@ def test_engine_failure_fails_requests_and_health():
         ctl.stop()
 
 
-def test_a_step_that_fails_in_the_engine_is_not_retried_elsewhere():
-    """A step that raises for another reason than a lost rank (here what a huge top_k once raised in the
-    sampler) fails its requests with a 500 the ingress does not retry on the next replica, since one of them
-    may be the cause; requests that arrive afterwards get the retryable 503."""
-    ctl = EngineController(_FailingEngine(ValueError("Overflow when unpacking long long"))).start()
+@pytest.mark.parametrize(
+    ("error", "batch_gets"),
+    [
+        (ValueError("Overflow when unpacking long long"), EngineStepError),  # what a huge top_k once raised
+        (torch.OutOfMemoryError("CUDA out of memory"), EngineDeadError),  # the device, not the requests
+    ],
+)
+def test_a_step_that_fails_in_the_engine_is_not_retried_elsewhere(error, batch_gets):
+    """A step that raises for another reason than a lost rank or a device fault fails its batch's requests with
+    a 500 the ingress does not retry on the next replica, since one of them may be the cause; requests waiting
+    behind the batch, and those that arrive afterwards, get the retryable 503."""
+    ctl = EngineController(_FailingEngine(error)).start()
 
-    async def run() -> None:
-        async for _ in ctl.generate([("r", [1, 2], SamplingParams())]):
+    async def run(request_id: str) -> None:
+        async for _ in ctl.generate([(request_id, [1, 2], SamplingParams())]):
             pass
 
+    async def both() -> list:
+        return await asyncio.gather(run("r"), run("waiting-1"), return_exceptions=True)
+
     try:
-        with pytest.raises(EngineStepError, match="Overflow") as e:
-            asyncio.run(run())
-        assert (e.value.status, e.value.type) == (500, "server_error")
+        in_batch, waiting = asyncio.run(both())
+        assert type(in_batch) is batch_gets and type(waiting) is EngineDeadError, (in_batch, waiting)
+        if batch_gets is EngineStepError:
+            assert (in_batch.status, in_batch.type) == (
+                500,
+                "server_error",
+            ) and "Overflow" in in_batch.message
         assert not ctl.healthy
         with pytest.raises(EngineDeadError):
-            asyncio.run(run())
+            asyncio.run(run("r2"))
     finally:
         ctl.stop()
