@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS
 
 
