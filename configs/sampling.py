@@ -26,7 +26,10 @@ class SamplingParams(BaseModel):
         1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus sampling mass, in (0, 1]."
     )
     top_k: int = Field(
-        -1, ge=-1, le=2**31 - 1, description="Keep the k most likely tokens; -1 or 0 = all (at most 2^31 - 1)."
+        -1,
+        ge=-1,
+        le=2**31 - 1,
+        description="Keep the k most likely tokens; -1 or 0 = all (at most 2^31 - 1).",
     )
     seed: int | None = Field(None, description="Per-request RNG seed (reproducible sampling).")
     stop: list[str] = Field(default_factory=list, max_length=64, description="Stop strings (not returned).")
