@@ -206,24 +206,15 @@ def measure_point(
 
 def check_step_log(folder: str) -> Path:
     """``--step-log``'s folder, created; raises ValueError (before anything is measured) if it is a file, cannot
-    be created or written, or holds step logs already (appending would mix two runs' steps)."""
-    path = Path(folder)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--step-log {folder}: is a file, not a folder")
+    be created or written (``output_dir``), or holds step logs already (appending would mix two runs' steps)."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--step-log {folder}: cannot create it ({e.strerror})") from None
+        path = output_dir(folder)
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"--step-log: {e}") from None
     if any(path.glob("*.jsonl")):
         raise ValueError(
             f"--step-log {folder}: holds step logs of an earlier run (*.jsonl); give a new folder"
         )
-    probe = path / ".write-test"
-    try:
-        probe.touch()
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"--step-log {folder}: cannot write there ({e.strerror})") from None
     return path
 
 
