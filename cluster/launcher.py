@@ -220,17 +220,13 @@ def _context_problems(args: ServeArgs, model_field: str, where: str) -> list[str
     from flexspec.models.spec import ModelSpec
 
     try:
-        limit = ModelSpec.from_hf(load_config(resolve_model_dir(args.engine.model))).max_position_embeddings
+        spec = ModelSpec.from_hf(load_config(resolve_model_dir(args.engine.model)))
     except FlexspecError as e:
         return [f"{model_field}: {e.message}"]
     except (KeyError, ValueError, TypeError) as e:  # a config.json without a field the model needs
         return [f"{model_field}: the model's config.json cannot be read as a supported model: {e!r}"]
-    n = args.engine.max_model_len
-    return (
-        [f"{where}.max_model_len: {n} exceeds the model's max_position_embeddings {limit}"]
-        if n > limit
-        else []
-    )
+    problem = spec.context_problem(args.engine.max_model_len)  # the engine's own check (ModelRunner)
+    return [] if problem is None else [f"{where}.max_model_len: {problem}"]
 
 
 def serve_forever(

@@ -91,12 +91,9 @@ class ModelRunner:
         self.model_dir = resolve_model_dir(config.model)
         self.hf_config = load_config(self.model_dir)
         self.spec = ModelSpec.from_hf(self.hf_config)
-        if config.max_model_len > self.spec.max_position_embeddings:
-            raise ConfigError(
-                f"max_model_len {config.max_model_len} exceeds the model's max_position_embeddings "
-                f"{self.spec.max_position_embeddings}",
-                param="max_model_len",
-            )
+        problem = self.spec.context_problem(config.max_model_len)
+        if problem is not None:
+            raise ConfigError(f"max_model_len {problem}", param="max_model_len")
         self.model = build_model(self.spec, self.tp)
         load_weights(self.model, self.model_dir)
         self.model.to(device=self.device, dtype=self.dtype)

@@ -36,6 +36,14 @@ class ModelSpec:
     attn_logit_softcapping: float | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    def context_problem(self, max_model_len: int) -> str | None:
+        """Why ``max_model_len`` tokens do not fit this model's positions; None when they do."""
+        if max_model_len > self.max_position_embeddings:
+            return (
+                f"{max_model_len} exceeds the model's max_position_embeddings {self.max_position_embeddings}"
+            )
+        return None
+
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelSpec:
         if "text_config" in cfg and "num_hidden_layers" not in cfg:  # multimodal wrapper (Gemma 3 4B+)
