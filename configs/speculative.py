@@ -91,6 +91,14 @@ class DFlashConfig(_SpecBase):
         description="Selective verification: verify drafts while the cumulative product of their drafter "
         "probabilities stays >= this (0 = verify all).",
     )
+    draft_tree_topk: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Draft trees: candidates per depth (1 = a chain of the block's argmax drafts). Above 1, "
+        "each step verifies a dynamic tree of num_speculative_tokens nodes (up to 64): the paths of highest "
+        "draft-probability product over the block's top candidates (EAGLE-2 style), verified on the host.",
+    )
     defer_context: bool = Field(
         True,
         description="Plain decoding steps leave the drafter's context K/V to be written when the sequence is "
@@ -104,6 +112,7 @@ class DSparkConfig(DFlashConfig):
     """DFlash backbone + low-rank Markov head (arXiv 2607.05147)."""
 
     method: Literal["dspark"] = "dspark"  # type: ignore[assignment]
+    draft_tree_topk: Literal[1] = Field(1, description="DSpark drafts chains (its Markov head is sequential).")
     confidence_threshold: float = Field(
         0.0,
         ge=0.0,

@@ -76,6 +76,7 @@ class AsyncSchedulingMixin:
                 # that st did not verify, e.g. for lack of token budget, must not be scheduled on top of it)
                 if seq.draft_token_ids:
                     seq.draft_token_ids = []
+                    seq.draft_parents = None
         st.provisional, st.held_out = True, frozenset(held_out)
         # Never preempt here: a request that ends on EOS / a stop string with ``st``'s token still holds its
         # blocks, so preempting now could evict a request that scheduling after ``st`` would keep; such a step

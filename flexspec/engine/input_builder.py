@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from flexspec.engine.model_input import ModelInput
 from flexspec.engine.scheduler import ScheduledSequence
+from flexspec.spec.tree import depths
 
 
 def plain_decode_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
@@ -54,6 +55,7 @@ def general_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
         inp.sampling_rows,
     )
     num_logprobs: int | None = None
+    trees: list[list[int] | None] = []  # [S] the tree of each sequence's verified drafts (None: a chain)
     for s in scheduled:
         seq = s.seq
         start = seq.num_computed_tokens
@@ -65,10 +67,18 @@ def general_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
             ids.append(seq.token_ids[start])
             positions.append(start)
             slots.append(table[start // bs] * bs + start % bs)
+            tree = None
         else:
             ids.extend(s.token_ids)
             end = start + n
-            positions.extend(range(start, end))
+            if d and seq.draft_parents is not None:  # tree nodes sit at the root's position + their depth
+                tree = seq.draft_parents[:d]  # topological order: a cut tree is a tree
+                root = end - d - 1
+                positions.extend(range(start, root + 1))
+                positions.extend(root + depth for depth in depths(tree))
+            else:
+                tree = None
+                positions.extend(range(start, end))
             # slots block by block: one range per KV block the tokens fall in
             pos = start
             while pos < end:
@@ -76,6 +86,7 @@ def general_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
                 base = table[pos // bs] * bs - (pos // bs) * bs
                 slots.extend(range(base + pos, base + stop))
                 pos = stop
+        trees.append(tree)
         inp.block_tables.append(table)
         inp.context_lens.append(start)
         inp.query_lens.append(n)
@@ -89,8 +100,12 @@ def general_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
             first = first_row + n - 1 - d
             logits_indices.extend(range(first, first + d + 1))
             t, top_p, top_k, seed = p.temperature, p.top_p, p.top_k, seq.seed
-            rows.extend([(t, top_p, top_k, seed, num_out + j) for j in range(d + 1)])
+            # each row samples its own output position (a tree node's: its depth), as plain decoding would
+            offsets = range(d + 1) if trees[-1] is None else [0, *depths(trees[-1])]
+            rows.extend([(t, top_p, top_k, seed, num_out + j) for j in offsets])
             if p.logprobs is not None:
                 num_logprobs = max(num_logprobs or 0, p.logprobs)
     inp.num_logprobs = num_logprobs
+    if any(t is not None for t in trees):
+        inp.draft_parents = trees
     return inp

@@ -286,7 +286,7 @@ class LLMEngine(AsyncSchedulingMixin):
         plain = not inp.num_speculative_tokens
         provisional, held_out = st.provisional, st.held_out
         token_rows, lps_rows, tops_rows = out.token_ids, out.logprobs, out.top_logprobs
-        draft_rows = out.draft_token_ids
+        draft_rows, parent_rows = out.draft_token_ids, out.draft_parents
         i = 0
         # inp.samples: as scheduled. Never recompute it from the sequence here: an abort while the step was in
         # flight resets the sequence (its row must still be consumed, or later rows shift onto other requests).
@@ -298,6 +298,7 @@ class LLMEngine(AsyncSchedulingMixin):
                 continue
             tokens = token_rows[i]
             drafts = draft_rows[i] if draft_rows is not None else []
+            parents = parent_rows[i] if parent_rows is not None else None
             lps = None
             if lps_rows is not None and seq.params.logprobs is not None:
                 k, tops = seq.params.logprobs, tops_rows[i]  # type: ignore[index]
@@ -326,6 +327,7 @@ class LLMEngine(AsyncSchedulingMixin):
             appended.append(self._append_ids(seq, tokens, lps))
             finished = seq.status is FINISHED
             seq.draft_token_ids = [] if finished else list(drafts)
+            seq.draft_parents = None if finished or not drafts else parents
             if not finished and seq.seq_id in held_out:
                 raise RuntimeError(f"request {seq.request_id} was held out of scheduling but did not finish")
         if i != len(out.token_ids):

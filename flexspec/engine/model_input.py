@@ -38,6 +38,9 @@ class ModelInput:
     max_lens: list[int] = field(default_factory=list)  # [S] min(prompt + max_tokens, max_model_len)
     num_speculative_tokens: int = 0  # drafts to propose for the next step (0 = speculation off)
     spec_mode: str = "decoupled"  # "parallel" (draft inside the verification forward) | "decoupled"
+    # [S] the tree of each sequence's verified drafts (``flexspec.spec.tree``; None = a chain), or None when every
+    # sequence's drafts are a chain: tree nodes sit at positions by depth and attend to their ancestors only.
+    draft_parents: list[list[int] | None] | None = None
     finished_seq_ids: list[int] = field(default_factory=list)  # drafter state to free
 
     @property
@@ -60,3 +63,4 @@ class ModelOutput:
     logprobs: list[list[float]] | None = None  # [S_emit][num_emitted]
     top_logprobs: list[list[list[tuple[int, float]]]] | None = None  # [S_emit][num_emitted][k]
     draft_token_ids: list[list[int]] | None = None  # [S_emit][k] drafts for the next step
+    draft_parents: list[list[int] | None] | None = None  # [S_emit] their trees (None: chains; flexspec.spec.tree)

@@ -19,6 +19,8 @@ from flexspec.layers.rotary import RotaryEmbedding
 from flexspec.models.loader import load_config, load_weights, resolve_model_dir
 from flexspec.models.registry import build_model
 from flexspec.models.spec import ModelSpec
+from flexspec.spec.tree import tree_mask
+from flexspec_kernels import pack_masks
 from flexspec_kernels.attention_split import split_kv_setting
 from flexspec_kernels.pdl import pdl_setting
 from flexspec_kernels.skinny_linear import dot_preload
@@ -333,6 +335,21 @@ class ModelRunner:
             a.k_cache = a.v_cache = torch.empty(0)
         torch.cuda.synchronize(self.device)
 
+    def move_kv(self, src_slots: list[int], dst_slots: list[int]) -> None:
+        """Copy the K/V (and feature-cache rows, when a drafter keeps them) of KV slots ``src_slots`` to
+        ``dst_slots``, in every layer: draft-tree verification keeps the accepted nodes at their positions'
+        slots. Sources are read before any destination is written. Sync-free."""
+        dev = self.device
+        idx = torch.tensor([src_slots, dst_slots], dtype=torch.int64).to(dev, non_blocking=True)
+        src, dst = idx[0], idx[1]
+        for a in self.attn_layers:
+            for cache in (a.k_cache, a.v_cache):
+                flat = cache.view(-1, *cache.shape[2:])  # [num_blocks * block_size, Hkv, D]
+                flat.index_copy_(0, dst, flat.index_select(0, src))
+        features = getattr(self.model, "feature_cache", None)
+        if features is not None:
+            features.data.index_copy_(0, dst, features.data.index_select(0, src))
+
     # ---- execution ----------------------------------------------------------------------------------------
     def build_metadata(self, inp: ModelInput) -> tuple[torch.Tensor, AttentionMetadata]:
         dev = self.device
@@ -354,6 +371,14 @@ class ModelRunner:
             max_query_len=max(inp.query_lens, default=1),
             logits_indices=t(inp.logits_indices, torch.int64),
         )
+        if inp.draft_parents is not None:  # draft trees: every sequence gets its [n, n] mask (causal if no tree)
+            masks = [
+                tree_mask(tree, q - d) if tree is not None else torch.ones(q, q, dtype=torch.bool).tril_()
+                for tree, q, d in zip(inp.draft_parents, inp.query_lens, inp.num_draft_tokens)
+            ]
+            mask, mask_start_loc = pack_masks(masks)
+            meta.mask = mask.to(dev, non_blocking=True)
+            meta.mask_start_loc = mask_start_loc.to(dev, non_blocking=True)
         return t(inp.input_ids, torch.int64), meta
 
     @torch.inference_mode()
@@ -375,13 +400,14 @@ class ModelRunner:
             raise ValueError(
                 "prev_token_rows needs the previous step's sampled ids and one row per input token"
             )
-        if side is None and all(inp.samples or [True]):
+        plain = side is None and inp.draft_parents is None  # no token beyond the causal layout
+        if plain and all(inp.samples or [True]):
             for graphs in self.graphs:
                 if graphs.can_run(inp):
                     return graphs.run(inp, prev_tokens)
         # Steps that prefill, also with chunks that emit nothing yet (their rows are not in logits_indices).
         mixed = self.mixed_graphs
-        if side is None and mixed is not None and inp.prev_token_rows is None and mixed.can_run(inp):
+        if plain and mixed is not None and inp.prev_token_rows is None and mixed.can_run(inp):
             rows, captured = mixed.run(inp)
             return self.model.compute_logits(rows), captured
         input_ids, meta = self.build_metadata(inp)
@@ -461,11 +487,18 @@ class ModelRunner:
         return out
 
     def attach_logprobs(
-        self, out: ModelOutput, logits: torch.Tensor, first_rows: list[int], num_top: int
+        self,
+        out: ModelOutput,
+        logits: torch.Tensor,
+        first_rows: list[int],
+        num_top: int,
+        rows: list[int] | None = None,
     ) -> None:
         """Fill ``out.logprobs`` / ``out.top_logprobs``: emitted token j of sequence i was chosen from logits
-        row ``first_rows[i] + j`` (logits [N, V])."""
-        rows = [r0 + j for r0, toks in zip(first_rows, out.token_ids) for j in range(len(toks))]
+        row ``first_rows[i] + j`` (logits [N, V]), or from ``rows`` (the emitted tokens' rows, flattened) when
+        given (draft trees)."""
+        if rows is None:
+            rows = [r0 + j for r0, toks in zip(first_rows, out.token_ids) for j in range(len(toks))]
         flat = [t for toks in out.token_ids for t in toks]
         idx = torch.tensor(rows, device=logits.device)
         chosen, top_vals, top_ids = compute_logprobs(

@@ -177,6 +177,7 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.draft_token_ids = []
+        seq.draft_parents = None
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 

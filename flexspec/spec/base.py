@@ -50,6 +50,9 @@ class DraftProposal:
 
     token_ids: list[list[int]]  # [S][k_s]
     draft_probs: list[torch.Tensor | None] = field(default_factory=list)  # [S] of [k_s, V] fp32 or None
+    # [S] each sequence's draft tree (``flexspec.spec.tree``: parents [k_s]; None = a chain); empty = all chains.
+    # Trees are for deterministic drafts only (``draft_probs`` None).
+    parents: list[list[int] | None] = field(default_factory=list)
 
 
 class Drafter(ABC):

@@ -42,6 +42,7 @@ from flexspec.spec.models.checkpoint import read_config
 from flexspec.spec.models.dflash_model import DFlashDraftModel
 from flexspec.spec.models.draft_kv import DraftKVCache
 from flexspec.spec.registry import register
+from flexspec.spec.tree import is_chain, paths_to_tree, top_paths
 from flexspec_kernels import pack_masks
 
 
@@ -70,7 +71,10 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         self.model.eval().requires_grad_(False)
         cfg = self.model.config
         self.block_size = cfg.block_size
-        self.num_speculative_tokens = min(config.num_speculative_tokens, self.block_size - 1)
+        # Draft trees (``draft_tree_topk`` > 1): num_speculative_tokens counts tree nodes, of depth <= B - 1.
+        self.tree_topk: int = getattr(config, "draft_tree_topk", 1)
+        limit = 64 if self.tree_topk > 1 else self.block_size - 1
+        self.num_speculative_tokens = min(config.num_speculative_tokens, limit)
         layers = sorted(set(cfg.target_layer_ids))
         self._capture = tuple(layers)
         self._feature_index = [layers.index(i) for i in cfg.target_layer_ids]  # captured[j] per feature slot
@@ -144,11 +148,15 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         ready = self._store_context(batch, captured)
         out: list[list[int]] = [[] for _ in batch]
         todo = [(i, b) for i, b in enumerate(batch) if b.num_drafts > 0 and b.emitted and b.seq_id in ready]
-        if todo:
-            drafts = self._draft([b for _, b in todo])
-            for (i, _), d in zip(todo, drafts):
-                out[i] = d
-        return DraftProposal(token_ids=out)
+        if not todo:
+            return DraftProposal(token_ids=out)
+        drafts, trees = self._draft([b for _, b in todo])
+        parents: list[list[int] | None] = [None] * len(batch) if trees is not None else []
+        for j, (i, _) in enumerate(todo):
+            out[i] = drafts[j]
+            if trees is not None and not is_chain(trees[j]):
+                parents[i] = trees[j]
+        return DraftProposal(token_ids=out, parents=parents)
 
     # ---- steps --------------------------------------------------------------------------------------------
     def _store_context(self, batch: list[SeqDraftInput], captured: list[torch.Tensor]) -> set[int]:
@@ -283,8 +291,9 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         else:
             self.model.store_context(feats, positions_t, slots_t)
 
-    def _draft(self, items: list[SeqDraftInput]) -> list[list[int]]:
-        """One varlen forward of S blocks -> drafts per sequence (a CUDA graph replay when captured)."""
+    def _draft(self, items: list[SeqDraftInput]) -> tuple[list[list[int]], list[list[int]] | None]:
+        """One varlen forward of S blocks -> (drafts per sequence, their trees' parents or None for chains); a
+        CUDA graph replay when captured."""
         dev, S = self.device, len(items)
         bonus = torch.tensor([b.token_ids[-1] for b in items]).to(dev, non_blocking=True)
         ctx_lens = torch.tensor([len(b.token_ids) - 1 for b in items], dtype=torch.int32).to(
@@ -294,13 +303,19 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         width = max(len(t) for t in tables) or 1
         tables_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).to(dev)
         graphs = self._graphs
+        if self.tree_topk > 1:
+            if graphs is not None and graphs.can_run(S, tables=tables_t):
+                (top,) = graphs.run(S, bonus=bonus, ctx_lens=ctx_lens, tables=tables_t)
+            else:
+                top = self._topk_block(bonus, ctx_lens, tables_t)[0]
+            return self._trees(items, top)
         if graphs is not None and graphs.can_run(S, tables=tables_t):
             greedy, keep = graphs.run(S, bonus=bonus, ctx_lens=ctx_lens, tables=tables_t)
-            return self._cut(items, greedy, keep)
+            return self._cut(items, greedy, keep), None
         K = max(min(b.num_drafts, self.num_speculative_tokens) for b in items)
         hidden = self._block_hidden(bonus, ctx_lens, tables_t)[:, :K]  # [S, K, H]
         logits = self.model.compute_logits(hidden.reshape(S * K, -1), self.target.lm_head).view(S, K, -1)
-        return self._select(items, hidden, logits)
+        return self._select(items, hidden, logits), None
 
     def _block_hidden(
         self, bonus: torch.Tensor, ctx_lens: torch.Tensor, tables: torch.Tensor
@@ -336,6 +351,31 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         S, n = hidden.shape[:2]
         logits = self.model.compute_logits(hidden.reshape(S * n, -1), self.target.lm_head)
         return self._greedy(logits.view(S, n, -1))
+
+    def _topk_block(
+        self, bonus: torch.Tensor, ctx_lens: torch.Tensor, tables: torch.Tensor
+    ) -> tuple[torch.Tensor]:
+        """``_block_hidden`` + target LM head -> (top-R candidates at every mask position, [S, B-1, 2R] fp64:
+        probabilities then token ids, one tensor for one readback). Sync-free (the captured step of trees)."""
+        hidden = self._block_hidden(bonus, ctx_lens, tables)
+        S, n = hidden.shape[:2]
+        logits = self.model.compute_logits(hidden.reshape(S * n, -1), self.target.lm_head)
+        probs, ids = logits.view(S, n, -1).softmax(-1).topk(self.tree_topk, dim=-1)
+        return (torch.cat([probs.double(), ids.double()], -1),)
+
+    def _trees(self, items: list[SeqDraftInput], top: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
+        """Candidates [S, B-1, 2R] (``_topk_block``) -> (draft tokens, parents) of each sequence's dynamic tree:
+        the ``num_drafts`` rank paths of highest probability product whose product stays >=
+        ``verification_threshold`` (``flexspec.spec.tree.top_paths``; at least one node)."""
+        R, k, threshold = self.tree_topk, self.num_speculative_tokens, self.config.verification_threshold
+        ids_out, parents_out = [], []
+        for b, rows in zip(items, top.tolist()):  # one readback
+            probs = [r[:R] for r in rows]
+            tokens = [[int(t) for t in r[R:]] for r in rows]
+            ids, parents = paths_to_tree(top_paths(probs, min(b.num_drafts, k), threshold), tokens)
+            ids_out.append(ids)
+            parents_out.append(parents)
+        return ids_out, parents_out
 
     def _greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [S, K, V] -> (argmax drafts [S, K] int64, drafts worth verifying [S] int64, see
@@ -381,7 +421,8 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         }
         for S in sizes:  # packed masks are built (host -> device) before capture
             self._block_masks(S)
-        self._graphs = BatchGraphs(self._greedy_block, inputs, sizes, self.device) if sizes else None
+        step = self._topk_block if self.tree_topk > 1 else self._greedy_block
+        self._graphs = BatchGraphs(step, inputs, sizes, self.device) if sizes else None
 
     def _block_masks(self, num_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Packed non-causal [B, B] masks of ``num_seqs`` blocks (cached per batch size, on the device)."""

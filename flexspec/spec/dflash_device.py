@@ -54,7 +54,7 @@ class DFlashDeviceStep:
 
     @property
     def proposes_on_device(self) -> bool:  # type: ignore[override]
-        return self.greedy_drafts
+        return self.greedy_drafts and self.tree_topk == 1  # trees are built on the host (the general path)
 
     @torch.inference_mode()
     def propose_on_device(

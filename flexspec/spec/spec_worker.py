@@ -20,6 +20,7 @@ from flexspec.engine.sampler import SamplingMetadata, sample
 from flexspec.spec.base import DraftProposal, SeqDraftInput
 from flexspec.spec.fused_step import FusedVerifyGraphs
 from flexspec.spec.registry import build_drafter
+from flexspec.spec.tree import accepted_path, move_slots
 from flexspec.spec.verifier import accept_deterministic_drafts, verify
 
 if TYPE_CHECKING:
@@ -185,15 +186,19 @@ class SpecDecodeWorker:
             drafts = [inp.input_ids[qsl[s + 1] - inp.num_draft_tokens[s] : qsl[s + 1]] for s in emit_idx]
             probs = [self.pending_probs.get(inp.seq_ids[s]) for s in emit_idx]
             meta = SamplingMetadata(inp.sampling_rows, runner.device, inp.num_logprobs)
-            emitted = verify(logits, meta, num_drafts, drafts, probs) if emit_idx else []
+            trees = [inp.draft_parents[s] for s in emit_idx] if inp.draft_parents is not None else None
+            emitted = verify(logits, meta, num_drafts, drafts, probs, trees) if emit_idx else []
             out = ModelOutput(token_ids=emitted)
             if inp.num_logprobs is not None:
                 first_rows = _cumsum([d + 1 for d in num_drafts])[:-1]
-                runner.attach_logprobs(out, logits, first_rows, inp.num_logprobs)
+                runner.attach_logprobs(
+                    out, logits, first_rows, inp.num_logprobs, _logits_rows(first_rows, emitted, drafts, trees)
+                )
         emitted = runner.tp.broadcast_object(emitted)  # type: ignore[assignment]
         assert emitted is not None
+        paths = self._settle_trees(inp, emitted) if inp.draft_parents is not None else None
 
-        batch = self._draft_inputs(inp, emitted)
+        batch = self._draft_inputs(inp, emitted, paths)
         if inp.num_speculative_tokens == 0 and not self.drafter.observes_every_step:
             proposal = DraftProposal(token_ids=[[] for _ in batch])  # a plain step: nothing to draft
         else:
@@ -206,7 +211,38 @@ class SpecDecodeWorker:
                 self.pending_probs[inp.seq_ids[s]] = q
         if out is not None:
             out.draft_token_ids = [list(proposal.token_ids[s]) for s in emit_idx]
+            if proposal.parents and any(p is not None for p in proposal.parents):
+                out.draft_parents = [proposal.parents[s] for s in emit_idx]
         return out
+
+    def _settle_trees(self, inp: ModelInput, emitted: list[list[int]]) -> list[list[int] | None]:
+        """After verifying draft trees (every rank, from the broadcast tokens): move the accepted nodes' K/V (and
+        feature-cache rows) to the slots of their positions, so the cache holds the accepted path as a chain.
+        Returns [S] the accepted node indices per sequence (None: a chain or no emission)."""
+        assert inp.draft_parents is not None
+        qsl = _cumsum(inp.query_lens)
+        paths: list[list[int] | None] = []
+        src: list[int] = []
+        dst: list[int] = []
+        k = 0
+        for s, tree in enumerate(inp.draft_parents):
+            if not inp.samples[s]:
+                paths.append(None)
+                continue
+            toks = emitted[k]
+            k += 1
+            if tree is None:
+                paths.append(None)
+                continue
+            first = qsl[s + 1] - inp.num_draft_tokens[s]  # row of draft node 0
+            path = accepted_path(tree, inp.input_ids[first : qsl[s + 1]], toks)
+            paths.append(path)
+            rows_from, rows_to = move_slots(path, first)
+            src.extend(inp.slot_mapping[r] for r in rows_from)
+            dst.extend(inp.slot_mapping[r] for r in rows_to)
+        if src:
+            self.runner.move_kv(src, dst)
+        return paths
 
     def _runs_on_device(self, inp: ModelInput) -> bool:
         """Whether this step can verify and draft without a host sync in between: one rank, a drafter that
@@ -230,6 +266,7 @@ class SpecDecodeWorker:
             and self.drafter.proposes_on_device
             and self.runner.tp.size == 1
             and inp.seq_ids
+            and inp.draft_parents is None  # draft trees: verified on the host (general path)
             and not (self.pending_probs and any(sid in self.pending_probs for sid in inp.seq_ids))
         )
 
@@ -406,7 +443,10 @@ class SpecDecodeWorker:
                 wanted.append(max(0, min(n_spec, max_len - length - 1)))
         return wanted
 
-    def _draft_inputs(self, inp: ModelInput, emitted: list[list[int]]) -> list[SeqDraftInput]:
+    def _draft_inputs(
+        self, inp: ModelInput, emitted: list[list[int]], paths: list[list[int] | None] | None = None
+    ) -> list[SeqDraftInput]:
+        """``paths`` [S]: the accepted nodes of verified draft trees (``_settle_trees``; None: chains)."""
         batch: list[SeqDraftInput] = []
         qsl = _cumsum(inp.query_lens)
         k = 0
@@ -427,12 +467,17 @@ class SpecDecodeWorker:
                 num_drafts = max(0, min(inp.num_speculative_tokens, room))
                 temperature, seed = inp.sampling_rows[row][0], inp.sampling_rows[row][3]
                 row += d + 1
+            hidden_rows = list(range(qsl[s], qsl[s] + num_committed))
+            path = paths[s] if paths is not None else None
+            if path:  # the accepted tree nodes' rows follow the query's committed rows
+                first = qsl[s + 1] - d
+                hidden_rows[first - qsl[s] :] = [first + node for node in path]
             batch.append(
                 SeqDraftInput(
                     seq_id=sid,
                     token_ids=hist,
                     num_new_committed=num_committed,
-                    hidden_rows=list(range(qsl[s], qsl[s] + num_committed)),
+                    hidden_rows=hidden_rows,
                     num_drafts=num_drafts,
                     temperature=temperature,
                     seed=seed,
@@ -479,6 +524,25 @@ def _emitting_starts(inp: ModelInput) -> list[int]:
         if emits:
             r += d + 1
     return starts
+
+
+def _logits_rows(
+    first_rows: list[int],
+    emitted: list[list[int]],
+    drafts: list[list[int]],
+    trees: list[list[int] | None] | None,
+) -> list[int] | None:
+    """Logits rows of the emitted tokens, flattened, where some sequence verified a draft tree (its tokens come
+    from the root's row and the accepted nodes' rows); None: every sequence's rows are consecutive."""
+    if trees is None:
+        return None
+    rows: list[int] = []
+    for r0, toks, ds, tree in zip(first_rows, emitted, drafts, trees):
+        if tree is None:
+            rows.extend(range(r0, r0 + len(toks)))
+        else:
+            rows.extend([r0, *(r0 + 1 + node for node in accepted_path(tree, ds, toks))])
+    return rows
 
 
 def _cumsum(xs: list[int]) -> list[int]:

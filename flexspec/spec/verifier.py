@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from flexspec.engine.sampler import _SEED_STRIDE, SamplingMetadata, sample, target_probs
+from flexspec.spec.tree import walk
 from flexspec_kernels import rejection_sample
 
 _UNIFORM_SALT = 0x5EED_0001
@@ -38,6 +39,7 @@ def verify(
     num_drafts: list[int],  # [S]
     draft_token_ids: list[list[int]],  # [S][num_drafts[s]]
     draft_probs: list[torch.Tensor | None] | None = None,  # [S] of [num_drafts[s], V] or None (deterministic)
+    draft_parents: list[list[int] | None] | None = None,  # [S] draft trees (flexspec.spec.tree; None = chain)
 ) -> list[list[int]]:
     """Returns the emitted tokens per sequence: accepted drafts + one recovered or bonus token.
 
@@ -49,6 +51,10 @@ def verify(
     i.e. norm(max(p - q, 0))), and it makes seeded outputs identical with and without speculation, whatever
     mode the policy picks per step. Probabilistic drafts go through ``flexspec_kernels.rejection_sample``.
     """
+    if draft_parents is not None and any(t is not None for t in draft_parents):
+        if draft_probs is not None and any(p is not None for p in draft_probs):
+            raise ValueError("draft trees need deterministic drafts (no draft_probs)")
+        return _verify_by_target_sample(logits, meta, num_drafts, draft_token_ids, draft_parents)
     if meta.all_greedy or draft_probs is None or all(p is None for p in draft_probs):
         return _verify_by_target_sample(logits, meta, num_drafts, draft_token_ids)
     device = logits.device
@@ -99,13 +105,24 @@ def verify(
 
 
 def _verify_by_target_sample(
-    logits: torch.Tensor, meta: SamplingMetadata, num_drafts: list[int], draft_token_ids: list[list[int]]
+    logits: torch.Tensor,
+    meta: SamplingMetadata,
+    num_drafts: list[int],
+    draft_token_ids: list[list[int]],
+    draft_parents: list[list[int] | None] | None = None,
 ) -> list[list[int]]:
-    """logits [N, V], sequence s owns num_drafts[s] + 1 consecutive rows -> emitted tokens per sequence."""
+    """logits [N, V], sequence s owns num_drafts[s] + 1 consecutive rows -> emitted tokens per sequence.
+    A sequence with a draft tree (``draft_parents[s]``) walks it (``flexspec.spec.tree.walk``): its rows are
+    the root's, then one per node, each sampled at the node's output position (``meta``'s offsets)."""
     target = sample(logits, meta).tolist()  # [N]: what plain decoding emits at each row's position
     out: list[list[int]] = []
     row = 0
-    for d, drafts in zip(num_drafts, draft_token_ids):
+    for s, (d, drafts) in enumerate(zip(num_drafts, draft_token_ids)):
+        tree = draft_parents[s] if draft_parents is not None else None
+        if tree is not None:
+            out.append(walk(tree, drafts[:d], target[row : row + d + 1])[0])
+            row += d + 1
+            continue
         emitted = []
         for j in range(d + 1):
             emitted.append(target[row + j])

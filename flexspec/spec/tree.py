@@ -1,0 +1,143 @@
+"""Draft trees: several candidates per depth, verified in one target forward (SpecInfer, arXiv 2305.09781;
+EAGLE-2's dynamic trees, arXiv 2406.16858; Medusa's tree attention, arXiv 2401.10774).
+
+A tree of n draft nodes is a list of draft tokens plus ``parents`` [n]: node i continues node ``parents[i]``
+(-1: the root, i.e. the sequence's last committed token, the query's first row). Nodes are in topological
+order (``parents[i] < i``), so any prefix of the list is a tree too (the scheduler may cut drafts to the token
+budget), and siblings hold distinct tokens, so the emitted tokens name the accepted path. A chain of k drafts is
+``parents = [-1, 0, .., k - 2]``; the engine carries ``None`` for it.
+
+The target forward computes the query ``[root, node 0, .., node n-1]``: node i sits at position
+``root + depth(i)`` and attends to the context, the root and its own ancestors (``tree_mask``); every row gets
+logits. Verification walks from the root: the target's token at a row is accepted when a child of that row's
+node carries it (``walk``). The accepted nodes' K/V then move to the slots of their positions (``move_slots``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import torch
+
+RankPath = tuple[int, ...]  # candidate rank at each depth, from depth 1
+
+
+def top_paths(probs: Sequence[Sequence[float]], budget: int, threshold: float = 0.0) -> list[RankPath]:
+    """The ``budget`` rank paths of highest probability product under per-depth candidate probabilities
+    ``probs`` [depth][R] (each row sorted, highest first), in order of their product (parents before
+    children), keeping only paths whose product is >= ``threshold`` (at least one path when ``budget`` > 0).
+
+    Best-first search: a popped path adds its first child and its next sibling. With candidates of one block
+    drafted in parallel (DFlash), the probability of a depth's candidate does not depend on the path above it,
+    which is what makes this product the path's draft probability (EAGLE-2's score)."""
+    if not probs or not probs[0] or budget <= 0:
+        return []
+    out: list[RankPath] = []
+    heap: list[tuple[float, RankPath, float]] = [(-probs[0][0], (0,), 1.0)]  # (-score, path, parent's score)
+    while heap and len(out) < budget:
+        neg, path, parent = heapq.heappop(heap)
+        if out and -neg < threshold:
+            break  # popped in order of score: nothing later passes either
+        out.append(path)
+        d, r = len(path) - 1, path[-1]
+        if d + 1 < len(probs):
+            heapq.heappush(heap, (neg * probs[d + 1][0], (*path, 0), -neg))
+        if r + 1 < len(probs[d]):
+            heapq.heappush(heap, (-parent * probs[d][r + 1], (*path[:-1], r + 1), parent))
+    return out
+
+
+def paths_to_tree(paths: list[RankPath], tokens: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """Rank paths (``top_paths``' order: parents first) and candidate tokens [depth][R] -> (draft tokens [n],
+    parents [n])."""
+    index = {p: i for i, p in enumerate(paths)}
+    ids = [int(tokens[len(p) - 1][p[-1]]) for p in paths]
+    parents = [index[p[:-1]] if len(p) > 1 else -1 for p in paths]
+    return ids, parents
+
+
+def is_chain(parents: Sequence[int]) -> bool:
+    return all(p == i - 1 for i, p in enumerate(parents))
+
+
+def depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each node (a child of the root has depth 1)."""
+    out: list[int] = []
+    for p in parents:
+        out.append(1 if p < 0 else out[p] + 1)
+    return out
+
+
+def check_tree(parents: Sequence[int], drafts: Sequence[int]) -> None:
+    """Raises ValueError unless ``parents`` is a topologically ordered tree over ``drafts`` with distinct
+    sibling tokens."""
+    if len(parents) != len(drafts):
+        raise ValueError(f"{len(parents)} parents for {len(drafts)} draft tokens")
+    seen: set[tuple[int, int]] = set()
+    for i, (p, t) in enumerate(zip(parents, drafts)):
+        if not -1 <= p < i:
+            raise ValueError(f"node {i}'s parent {p} is not an earlier node or -1")
+        if (p, t) in seen:
+            raise ValueError(f"node {i} repeats token {t} under parent {p}")
+        seen.add((p, t))
+
+
+def tree_mask(parents: Sequence[int], num_prefix: int) -> torch.Tensor:
+    """[n_q, n_q] bool attention mask of a query of ``num_prefix`` committed tokens (causal among themselves;
+    the last one is the root) followed by the tree's nodes: ``[i, j]`` = query row i sees row j. A node sees
+    every committed row, its ancestors and itself."""
+    n = len(parents)
+    size = num_prefix + n
+    mask = torch.zeros(size, size, dtype=torch.bool)
+    mask[:, :num_prefix] = torch.ones(size, num_prefix, dtype=torch.bool).tril_(0)
+    mask[num_prefix:, :num_prefix] = True
+    for i, p in enumerate(parents):
+        row = num_prefix + i
+        if p >= 0:
+            mask[row, num_prefix : num_prefix + n] = mask[num_prefix + p, num_prefix : num_prefix + n]
+        mask[row, row] = True
+    return mask
+
+
+def walk(parents: Sequence[int], drafts: Sequence[int], target: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Greedy tree verification. ``target`` [n + 1]: the target's token at the root row (0) and at each node's
+    row (1 + i), sampled as plain decoding samples that output position. Returns (emitted tokens: accepted
+    drafts then the bonus or recovered token, accepted node indices along the path)."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (p, t) in enumerate(zip(parents, drafts)):
+        children.setdefault(p, {}).setdefault(t, i)
+    node, emitted, path = -1, [], []
+    while True:
+        token = target[node + 1]
+        emitted.append(token)
+        nxt = children.get(node, {}).get(token)
+        if nxt is None:
+            return emitted, path
+        path.append(nxt)
+        node = nxt
+
+
+def accepted_path(parents: Sequence[int], drafts: Sequence[int], emitted: Sequence[int]) -> list[int]:
+    """The accepted node indices named by ``emitted`` (``walk``'s tokens): every rank derives them from the
+    broadcast tokens."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (p, t) in enumerate(zip(parents, drafts)):
+        children.setdefault(p, {}).setdefault(t, i)
+    node, path = -1, []
+    for token in emitted[:-1]:
+        node = children[node][token]
+        path.append(node)
+    return path
+
+
+def move_slots(path: Sequence[int], first_draft_row: int) -> tuple[list[int], list[int]]:
+    """Query rows to move after acceptance: accepted node ``path[k]`` (query row ``first_draft_row +
+    path[k]``) belongs at row ``first_draft_row + k`` (its position's). Returns (source rows, destination
+    rows), only where they differ (empty for a chain)."""
+    src, dst = [], []
+    for k, node in enumerate(path):
+        if node != k:
+            src.append(first_draft_row + node)
+            dst.append(first_draft_row + k)
+    return src, dst
