@@ -18,6 +18,7 @@ import torch
 from flexspec.engine.graph_inputs import StagedInputs, stage_decode_inputs
 from flexspec.engine.model_input import ModelInput
 from flexspec.layers.attention import AttentionMetadata
+from flexspec.spec.tree import tree_mask_bits
 
 if TYPE_CHECKING:
     from flexspec.engine.model_runner import ModelRunner
@@ -51,9 +52,13 @@ class DecodeGraphs:
         capture_layers: tuple[int, ...] = (),
         pool=None,  # a graph memory pool to share (``DecodeGraphs.pool`` of a larger capture)
         capture: bool = True,  # False: ``run`` executes the same padded step eagerly (CPU tests of the layout)
+        tree: bool = False,  # draft trees: every row's attention mask is an input (``tree_mask_bits``)
     ) -> None:
         self.runner = runner
         self.q = query_len
+        self.tree = tree
+        if tree and query_len > 63:
+            raise ValueError(f"tree graphs stage a 63-bit mask per row, not {query_len} rows")
         self.capture_layers = tuple(capture_layers)
         dev = runner.device
         self.batch_sizes = sorted({b for b in batch_sizes if b <= runner.config.max_num_seqs})
@@ -73,9 +78,15 @@ class DecodeGraphs:
                 "logits_rows": N,  # padded row of each requested logits row
                 "token_rows": N,  # padded row of each real token (captured hidden states)
                 "prev_rows": B,  # async scheduling: row of the previous step's sampled ids per sequence
+                **({"mask_bits": N} if tree else {}),  # per row: bit j = sees row j of its sequence
             },
             dev,
         )
+        if tree:  # rows default to causal (chains, pads, dummy sequences); a step rewrites its trees' rows
+            self._causal_bits = np.tile(np.asarray(tree_mask_bits([], query_len), dtype=np.int64), B)
+            self._bit_index = torch.arange(query_len, dtype=torch.int64, device=dev)
+            qq = query_len * query_len
+            self._mask_start_loc = torch.arange(0, (B + 1) * qq, qq, dtype=torch.int64, device=dev)
         self.input_ids = self.stage.on_device("input_ids")  # [B*q]
         self.positions = self.stage.on_device("positions")  # [B*q]
         self.slot_mapping = self.stage.on_device("slot_mapping")  # [B*q]
@@ -109,9 +120,12 @@ class DecodeGraphs:
         self.context_lens[:bs].copy_(self._context_lens64[:bs])
         self.block_tables[:bs].copy_(self._block_tables64[:bs])
         model = self.runner.model
-        hidden, captured = model(
-            self.input_ids[: bs * self.q], self._meta(bs), capture_layers=self.capture_layers
-        )
+        meta = self._meta(bs)
+        if self.tree:  # [bs*q] row bits -> the packed [bs*q*q] bool masks of the bs sequences
+            bits = self.stage.on_device("mask_bits")[: bs * self.q]
+            meta.mask = ((bits[:, None] >> self._bit_index) & 1).bool().view(-1)
+            meta.mask_start_loc = self._mask_start_loc[: bs + 1]
+        hidden, captured = model(self.input_ids[: bs * self.q], meta, capture_layers=self.capture_layers)
         return model.compute_logits(hidden), captured
 
     def _capture(self) -> None:
@@ -123,6 +137,7 @@ class DecodeGraphs:
         return (  # cheap checks first: the runner tries its graphs in turn on every step
             len(inp.query_lens) <= self.max_bs
             and tuple(inp.capture_layers) == self.capture_layers
+            and (inp.draft_parents is None or self.tree)
             and (inp.prev_token_rows is None or self.q == 1)
             and all(1 <= q <= self.q for q in inp.query_lens)
             and all(len(b) <= self.max_blocks for b in inp.block_tables)
@@ -162,6 +177,8 @@ class DecodeGraphs:
         S = len(inp.query_lens)
         if inp.prev_token_rows is not None:
             self.stage.host("prev_rows")[:S] = inp.prev_token_rows
+        if self.tree:
+            self._stage_mask_bits(inp, bs)
         self.stage.send()
         if inp.prev_token_rows is not None:
             torch.index_select(prev_tokens, 0, self.stage.on_device("prev_rows")[:S], out=self.input_ids[:S])
@@ -176,6 +193,18 @@ class DecodeGraphs:
             else:
                 self.logits[bs], self.captured[bs] = logits, captured
         return bs, direct
+
+
+    def _stage_mask_bits(self, inp: ModelInput, bs: int) -> None:
+        """Row masks of a tree graph's step: causal everywhere, then each draft tree's rows."""
+        q = self.q
+        bits = self.stage.host("mask_bits")
+        bits[: bs * q] = self._causal_bits[: bs * q]
+        if inp.draft_parents is None:
+            return
+        for s, (tree, n, d) in enumerate(zip(inp.draft_parents, inp.query_lens, inp.num_draft_tokens)):
+            if tree is not None:
+                bits[s * q : s * q + n] = tree_mask_bits(tree, n - d)
 
 
 class BatchGraphs:

@@ -228,7 +228,14 @@ class ModelRunner:
                 continue
             pool = graphs.pool
             self.graphs.append(graphs)
-        self.graphs.sort(key=lambda g: g.q)  # forward() replays the first graph that fits
+        q_tree = 1 + drafter.num_speculative_tokens
+        if getattr(drafter, "tree_topk", 1) > 1 and q_tree <= 63:  # draft trees: one graph family, masks as inputs
+            try:
+                tree = DecodeGraphs(self, sizes, query_len=q_tree, capture_layers=layers, pool=pool, tree=True)
+                self.graphs.append(tree)
+            except Exception as e:  # noqa: BLE001 - trees are then verified eagerly
+                log.warning("draft-tree CUDA graphs (query length %d) not captured (%s); eager instead", q_tree, e)
+        self.graphs.sort(key=lambda g: (g.q, g.tree))  # forward() replays the first graph that fits
         try:
             drafter.capture_graphs(sizes)
         except Exception as e:  # noqa: BLE001 - the drafter keeps drafting eagerly
@@ -400,14 +407,19 @@ class ModelRunner:
             raise ValueError(
                 "prev_token_rows needs the previous step's sampled ids and one row per input token"
             )
-        plain = side is None and inp.draft_parents is None  # no token beyond the causal layout
-        if plain and all(inp.samples or [True]):
+        if side is None and all(inp.samples or [True]):  # draft trees replay tree graphs only (can_run)
             for graphs in self.graphs:
                 if graphs.can_run(inp):
                     return graphs.run(inp, prev_tokens)
         # Steps that prefill, also with chunks that emit nothing yet (their rows are not in logits_indices).
         mixed = self.mixed_graphs
-        if plain and mixed is not None and inp.prev_token_rows is None and mixed.can_run(inp):
+        if (
+            side is None
+            and inp.draft_parents is None
+            and mixed is not None
+            and inp.prev_token_rows is None
+            and mixed.can_run(inp)
+        ):
             rows, captured = mixed.run(inp)
             return self.model.compute_logits(rows), captured
         input_ids, meta = self.build_metadata(inp)

@@ -304,7 +304,7 @@ class SpecDecodeWorker:
         pool = graphs[0].pool if graphs else None  # replayed one after another: one pool
         layers = tuple(self.drafter.capture_layers)
         for decode in sorted(graphs, key=lambda g: -g.q):  # largest first: one pool
-            if decode.capture_layers != layers:
+            if decode.capture_layers != layers or decode.tree:
                 continue
             try:
                 tail = FusedVerifyGraphs(decode, self.drafter, pool=pool, capture=capture)

@@ -100,6 +100,17 @@ def tree_mask(parents: Sequence[int], num_prefix: int) -> torch.Tensor:
     return mask
 
 
+def tree_mask_bits(parents: Sequence[int], num_prefix: int) -> list[int]:
+    """``tree_mask`` as one integer per query row: bit j set = the row sees query row j (CUDA graphs stage
+    these; at most 63 rows)."""
+    bits = [(1 << (i + 1)) - 1 for i in range(num_prefix)]
+    prefix = bits[-1] if bits else 0
+    for i, p in enumerate(parents):
+        row = num_prefix + i
+        bits.append((bits[num_prefix + p] if p >= 0 else prefix) | (1 << row))
+    return bits
+
+
 def walk(parents: Sequence[int], drafts: Sequence[int], target: Sequence[int]) -> tuple[list[int], list[int]]:
     """Greedy tree verification. ``target`` [n + 1]: the target's token at the root row (0) and at each node's
     row (1 + i), sampled as plain decoding samples that output position. Returns (emitted tokens: accepted
