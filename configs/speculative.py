@@ -112,7 +112,9 @@ class DSparkConfig(DFlashConfig):
     """DFlash backbone + low-rank Markov head (arXiv 2607.05147)."""
 
     method: Literal["dspark"] = "dspark"  # type: ignore[assignment]
-    draft_tree_topk: Literal[1] = Field(1, description="DSpark drafts chains (its Markov head is sequential).")
+    draft_tree_topk: Literal[1] = Field(
+        1, description="DSpark drafts chains (its Markov head is sequential)."
+    )
     confidence_threshold: float = Field(
         0.0,
         ge=0.0,

@@ -194,7 +194,6 @@ class DecodeGraphs:
                 self.logits[bs], self.captured[bs] = logits, captured
         return bs, direct
 
-
     def _stage_mask_bits(self, inp: ModelInput, bs: int) -> None:
         """Row masks of a tree graph's step: causal everywhere, then each draft tree's rows."""
         q = self.q

@@ -63,4 +63,6 @@ class ModelOutput:
     logprobs: list[list[float]] | None = None  # [S_emit][num_emitted]
     top_logprobs: list[list[list[tuple[int, float]]]] | None = None  # [S_emit][num_emitted][k]
     draft_token_ids: list[list[int]] | None = None  # [S_emit][k] drafts for the next step
-    draft_parents: list[list[int] | None] | None = None  # [S_emit] their trees (None: chains; flexspec.spec.tree)
+    draft_parents: list[list[int] | None] | None = (
+        None  # [S_emit] their trees (None: chains; flexspec.spec.tree)
+    )

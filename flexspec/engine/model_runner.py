@@ -110,6 +110,7 @@ class ModelRunner:
         self.block_size = config.kv_block_size
         self.max_blocks_per_seq = -(-config.max_model_len // self.block_size)
         self.num_kv_blocks = 0
+        self.kv_cache: torch.Tensor | None = None  # all layers' K/V in one tensor (``allocate_kv_cache``)
         self.graphs: list[DecodeGraphs] = []  # by query length: plain decode (1) and verification (1 + K)
         self.mixed_graphs: MixedGraphs | None = None  # steps that prefill (any split of <= N tokens)
         self.spec_worker = None
@@ -181,9 +182,20 @@ class ModelRunner:
         # is not resident from the start), and no CPU path reads an entry before it is written (the attention's
         # gathers mask or skip anything past a sequence's tokens). GPU caches start zeroed, as before.
         alloc = torch.zeros if self.device.type != "cpu" else torch.empty
-        for a in self.attn_layers:
-            a.k_cache = alloc(shape_of(a), dtype=self.dtype, device=self.device)
-            a.v_cache = alloc(shape_of(a), dtype=self.dtype, device=self.device)
+        shapes = {shape_of(a) for a in self.attn_layers}
+        self.kv_cache = None  # [L, 2, blocks, block_size, Hkv, D] when every layer's shape is the same
+        if (
+            len(shapes) == 1
+        ):  # one tensor: moving slots (draft trees) is one gather + one scatter for all layers
+            self.kv_cache = alloc(
+                (len(self.attn_layers), 2, *shapes.pop()), dtype=self.dtype, device=self.device
+            )
+            for a, kv in zip(self.attn_layers, self.kv_cache):
+                a.k_cache, a.v_cache = kv[0], kv[1]
+        else:
+            for a in self.attn_layers:
+                a.k_cache = alloc(shape_of(a), dtype=self.dtype, device=self.device)
+                a.v_cache = alloc(shape_of(a), dtype=self.dtype, device=self.device)
         self.num_kv_blocks = num_blocks
         if self.spec_worker is not None:
             self.spec_worker.drafter.allocate(num_blocks)
@@ -229,12 +241,18 @@ class ModelRunner:
             pool = graphs.pool
             self.graphs.append(graphs)
         q_tree = 1 + drafter.num_speculative_tokens
-        if getattr(drafter, "tree_topk", 1) > 1 and q_tree <= 63:  # draft trees: one graph family, masks as inputs
+        if (
+            getattr(drafter, "tree_topk", 1) > 1 and q_tree <= 63
+        ):  # draft trees: one graph family, masks as inputs
             try:
-                tree = DecodeGraphs(self, sizes, query_len=q_tree, capture_layers=layers, pool=pool, tree=True)
+                tree = DecodeGraphs(
+                    self, sizes, query_len=q_tree, capture_layers=layers, pool=pool, tree=True
+                )
                 self.graphs.append(tree)
             except Exception as e:  # noqa: BLE001 - trees are then verified eagerly
-                log.warning("draft-tree CUDA graphs (query length %d) not captured (%s); eager instead", q_tree, e)
+                log.warning(
+                    "draft-tree CUDA graphs (query length %d) not captured (%s); eager instead", q_tree, e
+                )
         self.graphs.sort(key=lambda g: (g.q, g.tree))  # forward() replays the first graph that fits
         try:
             drafter.capture_graphs(sizes)
@@ -349,10 +367,16 @@ class ModelRunner:
         dev = self.device
         idx = torch.tensor([src_slots, dst_slots], dtype=torch.int64).to(dev, non_blocking=True)
         src, dst = idx[0], idx[1]
-        for a in self.attn_layers:
-            for cache in (a.k_cache, a.v_cache):
-                flat = cache.view(-1, *cache.shape[2:])  # [num_blocks * block_size, Hkv, D]
-                flat.index_copy_(0, dst, flat.index_select(0, src))
+        if self.kv_cache is not None:
+            flat = self.kv_cache.view(
+                2 * len(self.attn_layers), -1, *self.kv_cache.shape[-2:]
+            )  # [2L, slots, H, D]
+            flat.index_copy_(1, dst, flat.index_select(1, src))
+        else:
+            for a in self.attn_layers:
+                for cache in (a.k_cache, a.v_cache):
+                    flat = cache.view(-1, *cache.shape[2:])  # [num_blocks * block_size, Hkv, D]
+                    flat.index_copy_(0, dst, flat.index_select(0, src))
         features = getattr(self.model, "feature_cache", None)
         if features is not None:
             features.data.index_copy_(0, dst, features.data.index_select(0, src))
@@ -378,7 +402,9 @@ class ModelRunner:
             max_query_len=max(inp.query_lens, default=1),
             logits_indices=t(inp.logits_indices, torch.int64),
         )
-        if inp.draft_parents is not None:  # draft trees: every sequence gets its [n, n] mask (causal if no tree)
+        if (
+            inp.draft_parents is not None
+        ):  # draft trees: every sequence gets its [n, n] mask (causal if no tree)
             masks = [
                 tree_mask(tree, q - d) if tree is not None else torch.ones(q, q, dtype=torch.bool).tril_()
                 for tree, q, d in zip(inp.draft_parents, inp.query_lens, inp.num_draft_tokens)

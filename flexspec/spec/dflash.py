@@ -363,7 +363,9 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         probs, ids = logits.view(S, n, -1).softmax(-1).topk(self.tree_topk, dim=-1)
         return (torch.cat([probs.double(), ids.double()], -1),)
 
-    def _trees(self, items: list[SeqDraftInput], top: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
+    def _trees(
+        self, items: list[SeqDraftInput], top: torch.Tensor
+    ) -> tuple[list[list[int]], list[list[int]]]:
         """Candidates [S, B-1, 2R] (``_topk_block``) -> (draft tokens, parents) of each sequence's dynamic tree:
         the ``num_drafts`` rank paths of highest probability product whose product stays >=
         ``verification_threshold`` (``flexspec.spec.tree.top_paths``; at least one node)."""

@@ -192,7 +192,11 @@ class SpecDecodeWorker:
             if inp.num_logprobs is not None:
                 first_rows = _cumsum([d + 1 for d in num_drafts])[:-1]
                 runner.attach_logprobs(
-                    out, logits, first_rows, inp.num_logprobs, _logits_rows(first_rows, emitted, drafts, trees)
+                    out,
+                    logits,
+                    first_rows,
+                    inp.num_logprobs,
+                    _logits_rows(first_rows, emitted, drafts, trees),
                 )
         emitted = runner.tp.broadcast_object(emitted)  # type: ignore[assignment]
         assert emitted is not None

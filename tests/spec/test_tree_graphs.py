@@ -74,4 +74,6 @@ def test_tree_graph_layout_is_exact(engine, tree_graph_eng, n):
         del tree.replay
     assert outs == ref
     trees = [t for parents in replays if parents for t in parents if t is not None]
-    assert trees and any(len(set(t)) < len(t) for t in trees)  # real trees (a node with 2+ children) went through
+    assert trees and any(
+        len(set(t)) < len(t) for t in trees
+    )  # real trees (a node with 2+ children) went through
