@@ -93,9 +93,11 @@ class Scheduler:
 
         Why: a verification step that also prefills cannot take the device-side verification path nor the
         decode CUDA graphs; it verifies on the host. Prefilling first (as vLLM's V0 scheduler always did)
-        keeps every verification step pure, at the cost of one step in which running requests wait."""
+        keeps every verification step pure, at the cost of one step in which running requests wait. Draft trees
+        (``draft_tree_topk`` > 1) always separate them: no graph of steps that prefill carries tree masks, so such
+        a step ran eagerly (~4-10x the time of a tree step on an H100 at b=4-64, session 34)."""
         spec = self.config.speculative_config
-        if spec is None or not spec.separate_prefill_steps:
+        if spec is None or not (spec.separate_prefill_steps or getattr(spec, "draft_tree_topk", 1) > 1):
             return False
         decoding, prefilling = False, False
         for seq in self.running:
