@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import heapq
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from typing import Any
 
 from bench.cli import main_entry
 from bench.common import JsonReport, environment, int_list, log, output_path
+from flexspec.spec.tree import top_paths
 
 SCHEMA = "flexspec.bench.tree_replay/1"
 Path_ = tuple[int, ...]  # per-depth ranks of one tree node, root excluded
@@ -103,25 +103,6 @@ def fit_static_tree(traces: list[dict[str, Any]], budget: int, top_r: int) -> li
     return sorted(counts, key=lambda p: (-counts[p], len(p), p))[:budget]
 
 
-def dynamic_tree(probs: list[list[float]], budget: int) -> set[Path_]:
-    """The ``budget`` paths of highest probability product under per-depth candidate probabilities ``probs``
-    [depth][R] (each row sorted, highest first): best-first, a popped path adds its first child and its next
-    sibling, so paths come out in order of their product."""
-    if not probs or budget <= 0:
-        return set()
-    out: set[Path_] = set()
-    heap: list[tuple[float, Path_, float]] = [(-probs[0][0], (0,), 1.0)]  # (-score, path, parent's score)
-    while heap and len(out) < budget:
-        neg, path, parent = heapq.heappop(heap)
-        out.add(path)
-        d, r = len(path) - 1, path[-1]
-        if d + 1 < len(probs):
-            heapq.heappush(heap, (neg * probs[d + 1][0], (*path, 0), -neg))
-        if r + 1 < len(probs[d]):
-            heapq.heappush(heap, (-parent * probs[d][r + 1], (*path[:-1], r + 1), parent))
-    return out
-
-
 def evaluate(traces: list[dict[str, Any]], accept_for: Callable[[dict[str, Any]], Accept]) -> dict[str, Any]:
     """MAL of ``traces`` replayed with ``accept_for(trace)`` as each request's acceptance."""
     steps = tokens = 0
@@ -156,7 +137,7 @@ def run(doc: dict[str, Any], budgets: list[int]) -> dict[str, Any]:
                 held_out, lambda t, s=nodes: lambda L: leading(t["ranks"][L], s)
             )
             rows[f"dynamic (N={n})"] = evaluate(
-                held_out, lambda t, n=n: lambda L: leading(t["ranks"][L], dynamic_tree(t["probs"][L], n))
+                held_out, lambda t, n=n: lambda L: leading(t["ranks"][L], set(top_paths(t["probs"][L], n)))
             )
         results[name] = {"num_requests": len(held_out), "trees": rows}
     return {

@@ -4,31 +4,14 @@
 from __future__ import annotations
 
 import gzip
-import itertools
 import json
-import math
-import random
 
 import pytest
 
 from bench.acceptance_trace import collect
-from bench.tree_replay import dynamic_tree, fit_static_tree, leading, replay
+from bench.tree_replay import fit_static_tree, leading, replay
 from bench.tree_replay import main as tree_main
 from tests.spec.conftest import spec_engine
-
-
-def test_dynamic_tree_is_the_top_n_paths_by_probability_product():
-    rng = random.Random(0)
-    for _ in range(20):
-        depth, r = rng.randint(1, 4), rng.randint(1, 3)
-        probs = [sorted((rng.random() for _ in range(r)), reverse=True) for _ in range(depth)]
-        paths = [p for d in range(1, depth + 1) for p in itertools.product(range(r), repeat=d)]
-        score = {p: math.prod(probs[i][x] for i, x in enumerate(p)) for p in paths}
-        for n in (1, 3, 7, len(paths), len(paths) + 5):
-            want = set(sorted(paths, key=score.__getitem__, reverse=True)[:n])
-            got = dynamic_tree(probs, n)
-            assert got == want
-            assert all(p[:-1] in got for p in got if len(p) > 1)  # prefix-closed
 
 
 def test_static_tree_is_the_most_frequent_prefixes():
