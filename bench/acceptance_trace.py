@@ -80,8 +80,8 @@ def collect(
     current: dict[str, Any] = {}
     accepted: dict[int, list[int]] = {}
 
-    def first_token_only(logits, meta, num_drafts, drafts, probs=None):
-        emitted = real_verify(logits, meta, num_drafts, drafts, probs)
+    def first_token_only(logits, meta, num_drafts, drafts, probs=None, trees=None):
+        emitted = real_verify(logits, meta, num_drafts, drafts, probs, trees)
         inp = current["inp"]
         emit_seq_ids = [sid for sid, smp in zip(inp.seq_ids, inp.samples) if smp]
         for sid, d, e in zip(emit_seq_ids, num_drafts, emitted):

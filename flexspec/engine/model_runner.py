@@ -11,8 +11,9 @@ import torch
 from configs.engine import EngineConfig
 from flexspec.distributed import TPGroup
 from flexspec.engine.cuda_graphs import DecodeGraphs, MixedGraphs
+from flexspec.engine.kv_cache import bind_kv_cache, move_kv_slots
 from flexspec.engine.model_input import ModelInput, ModelOutput
-from flexspec.engine.sampler import SamplingMetadata, compute_logprobs, sample
+from flexspec.engine.sampler import SamplingMetadata, attach_logprobs, sample
 from flexspec.errors import ConfigError
 from flexspec.layers.attention import Attention, AttentionMetadata
 from flexspec.layers.rotary import RotaryEmbedding
@@ -177,25 +178,8 @@ class ModelRunner:
                 f"{cfg.max_model_len}; lower max_model_len or raise the memory budget",
                 param="max_model_len",
             )
-        shape_of = lambda a: (num_blocks, self.block_size, a.num_kv_heads, a.head_dim)
-        # On CPU the cache is not zeroed: its pages are committed as blocks are first written (the 1 GiB default
-        # is not resident from the start), and no CPU path reads an entry before it is written (the attention's
-        # gathers mask or skip anything past a sequence's tokens). GPU caches start zeroed, as before.
-        alloc = torch.zeros if self.device.type != "cpu" else torch.empty
-        shapes = {shape_of(a) for a in self.attn_layers}
-        self.kv_cache = None  # [L, 2, blocks, block_size, Hkv, D] when every layer's shape is the same
-        if (
-            len(shapes) == 1
-        ):  # one tensor: moving slots (draft trees) is one gather + one scatter for all layers
-            self.kv_cache = alloc(
-                (len(self.attn_layers), 2, *shapes.pop()), dtype=self.dtype, device=self.device
-            )
-            for a, kv in zip(self.attn_layers, self.kv_cache):
-                a.k_cache, a.v_cache = kv[0], kv[1]
-        else:
-            for a in self.attn_layers:
-                a.k_cache = alloc(shape_of(a), dtype=self.dtype, device=self.device)
-                a.v_cache = alloc(shape_of(a), dtype=self.dtype, device=self.device)
+        # [L, 2, blocks, block_size, Hkv, D] when every layer's shape is the same, else None
+        self.kv_cache = bind_kv_cache(self.attn_layers, num_blocks, self.block_size, self.dtype, self.device)
         self.num_kv_blocks = num_blocks
         if self.spec_worker is not None:
             self.spec_worker.drafter.allocate(num_blocks)
@@ -363,23 +347,9 @@ class ModelRunner:
     def move_kv(self, src_slots: list[int], dst_slots: list[int]) -> None:
         """Copy the K/V (and feature-cache rows, when a drafter keeps them) of KV slots ``src_slots`` to
         ``dst_slots``, in every layer: draft-tree verification keeps the accepted nodes at their positions'
-        slots. Sources are read before any destination is written. Sync-free."""
-        dev = self.device
-        idx = torch.tensor([src_slots, dst_slots], dtype=torch.int64).to(dev, non_blocking=True)
-        src, dst = idx[0], idx[1]
-        if self.kv_cache is not None:
-            flat = self.kv_cache.view(
-                2 * len(self.attn_layers), -1, *self.kv_cache.shape[-2:]
-            )  # [2L, slots, H, D]
-            flat.index_copy_(1, dst, flat.index_select(1, src))
-        else:
-            for a in self.attn_layers:
-                for cache in (a.k_cache, a.v_cache):
-                    flat = cache.view(-1, *cache.shape[2:])  # [num_blocks * block_size, Hkv, D]
-                    flat.index_copy_(0, dst, flat.index_select(0, src))
+        slots (``flexspec.engine.kv_cache.move_kv_slots``). Sync-free."""
         features = getattr(self.model, "feature_cache", None)
-        if features is not None:
-            features.data.index_copy_(0, dst, features.data.index_select(0, src))
+        move_kv_slots(self.attn_layers, self.kv_cache, features, src_slots, dst_slots)
 
     # ---- execution ----------------------------------------------------------------------------------------
     def build_metadata(self, inp: ModelInput) -> tuple[torch.Tensor, AttentionMetadata]:
@@ -521,31 +491,5 @@ class ModelRunner:
         if pending.inp is not None and pending.followed_ahead:  # placeholders only then
             self.spec_worker.record_sampled(pending.inp, tokens)  # type: ignore[union-attr]
         if pending.num_logprobs is not None:
-            self.attach_logprobs(out, pending.logits, list(range(len(out.token_ids))), pending.num_logprobs)
+            attach_logprobs(out, pending.logits, list(range(len(out.token_ids))), pending.num_logprobs)
         return out
-
-    def attach_logprobs(
-        self,
-        out: ModelOutput,
-        logits: torch.Tensor,
-        first_rows: list[int],
-        num_top: int,
-        rows: list[int] | None = None,
-    ) -> None:
-        """Fill ``out.logprobs`` / ``out.top_logprobs``: emitted token j of sequence i was chosen from logits
-        row ``first_rows[i] + j`` (logits [N, V]), or from ``rows`` (the emitted tokens' rows, flattened) when
-        given (draft trees)."""
-        if rows is None:
-            rows = [r0 + j for r0, toks in zip(first_rows, out.token_ids) for j in range(len(toks))]
-        flat = [t for toks in out.token_ids for t in toks]
-        idx = torch.tensor(rows, device=logits.device)
-        chosen, top_vals, top_ids = compute_logprobs(
-            logits[idx], torch.tensor(flat, device=logits.device), num_top
-        )
-        chosen_l, vals_l, ids_l = chosen.tolist(), top_vals.tolist(), top_ids.tolist()
-        out.logprobs, out.top_logprobs = [], []
-        k = 0
-        for toks in out.token_ids:
-            out.logprobs.append(chosen_l[k : k + len(toks)])
-            out.top_logprobs.append([list(zip(ids_l[r], vals_l[r])) for r in range(k, k + len(toks))])
-            k += len(toks)

@@ -159,3 +159,29 @@ def compute_logprobs(
         logp.topk(num_top, dim=-1) if num_top > 0 else (logp[:, :0], token_ids[:, None][:, :0])
     )
     return chosen, top_vals, top_ids
+
+
+def attach_logprobs(
+    out,  # ModelOutput
+    logits: torch.Tensor,
+    first_rows: list[int],
+    num_top: int,
+    rows: list[int] | None = None,
+) -> None:
+    """Fill ``out.logprobs`` / ``out.top_logprobs``: emitted token j of sequence i was chosen from logits row
+    ``first_rows[i] + j`` (logits [N, V]), or from ``rows`` (the emitted tokens' rows, flattened) when given
+    (draft trees)."""
+    if rows is None:
+        rows = [r0 + j for r0, toks in zip(first_rows, out.token_ids) for j in range(len(toks))]
+    flat = [t for toks in out.token_ids for t in toks]
+    idx = torch.tensor(rows, device=logits.device)
+    chosen, top_vals, top_ids = compute_logprobs(
+        logits[idx], torch.tensor(flat, device=logits.device), num_top
+    )
+    chosen_l, vals_l, ids_l = chosen.tolist(), top_vals.tolist(), top_ids.tolist()
+    out.logprobs, out.top_logprobs = [], []
+    k = 0
+    for toks in out.token_ids:
+        out.logprobs.append(chosen_l[k : k + len(toks)])
+        out.top_logprobs.append([list(zip(ids_l[r], vals_l[r])) for r in range(k, k + len(toks))])
+        k += len(toks)

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from flexspec.engine.model_input import PLACEHOLDER_TOKEN_ID, ModelInput, ModelOutput
-from flexspec.engine.sampler import SamplingMetadata, sample
+from flexspec.engine.sampler import SamplingMetadata, attach_logprobs, sample
 from flexspec.spec.base import DraftProposal, SeqDraftInput
 from flexspec.spec.fused_step import FusedVerifyGraphs
 from flexspec.spec.registry import build_drafter
-from flexspec.spec.tree import accepted_path, move_slots
+from flexspec.spec.step_layout import decode_queries_only, emitting_starts, mixed_layout
+from flexspec.spec.tree import emitted_rows, settle_trees
 from flexspec.spec.verifier import accept_deterministic_drafts, verify
 
 if TYPE_CHECKING:
@@ -191,13 +192,8 @@ class SpecDecodeWorker:
             out = ModelOutput(token_ids=emitted)
             if inp.num_logprobs is not None:
                 first_rows = _cumsum([d + 1 for d in num_drafts])[:-1]
-                runner.attach_logprobs(
-                    out,
-                    logits,
-                    first_rows,
-                    inp.num_logprobs,
-                    _logits_rows(first_rows, emitted, drafts, trees),
-                )
+                rows = emitted_rows(first_rows, emitted, drafts, trees)
+                attach_logprobs(out, logits, first_rows, inp.num_logprobs, rows)
         emitted = runner.tp.broadcast_object(emitted)  # type: ignore[assignment]
         assert emitted is not None
         paths = self._settle_trees(inp, emitted) if inp.draft_parents is not None else None
@@ -223,27 +219,7 @@ class SpecDecodeWorker:
         """After verifying draft trees (every rank, from the broadcast tokens): move the accepted nodes' K/V (and
         feature-cache rows) to the slots of their positions, so the cache holds the accepted path as a chain.
         Returns [S] the accepted node indices per sequence (None: a chain or no emission)."""
-        assert inp.draft_parents is not None
-        qsl = _cumsum(inp.query_lens)
-        paths: list[list[int] | None] = []
-        src: list[int] = []
-        dst: list[int] = []
-        k = 0
-        for s, tree in enumerate(inp.draft_parents):
-            if not inp.samples[s]:
-                paths.append(None)
-                continue
-            toks = emitted[k]
-            k += 1
-            if tree is None:
-                paths.append(None)
-                continue
-            first = qsl[s + 1] - inp.num_draft_tokens[s]  # row of draft node 0
-            path = accepted_path(tree, inp.input_ids[first : qsl[s + 1]], toks)
-            paths.append(path)
-            rows_from, rows_to = move_slots(path, first)
-            src.extend(inp.slot_mapping[r] for r in rows_from)
-            dst.extend(inp.slot_mapping[r] for r in rows_to)
+        paths, src, dst = settle_trees(inp, emitted)
         if src:
             self.runner.move_kv(src, dst)
         return paths
@@ -252,15 +228,15 @@ class SpecDecodeWorker:
         """Whether this step can verify and draft without a host sync in between: one rank, a drafter that
         drafts deterministically on the device, and either every sequence an emitting query ``[last token,
         drafts...]`` (no drafts is fine: the first step of speculation) with logits on every row (checked
-        first: no per-token work), or such queries next to prompt chunks (``_mixed_layout``). A
+        first: no per-token work), or such queries next to prompt chunks (``mixed_layout``). A
         step that verifies drafts but proposes none (the policy switching to plain decoding) runs here too:
         the drafter then only updates its state (``propose_on_device`` with ``num_speculative_tokens == 0``), or,
         with a captured tail (``_fused_for``), the tail runs whole and its drafts are dropped."""
         if not self._device_capable(inp):
             return False
-        if _decode_queries_only(inp):
+        if decode_queries_only(inp):
             return True
-        return inp.spec_mode != "parallel" and _mixed_layout(inp)
+        return inp.spec_mode != "parallel" and mixed_layout(inp)
 
     def _device_capable(self, inp: ModelInput) -> bool:
         """``_runs_on_device``'s conditions other than the step's layout: device verification on, a drafter that
@@ -331,7 +307,7 @@ class SpecDecodeWorker:
             return None  # a plain step (the runner's own path)
         if inp.num_logprobs is not None or inp.prev_token_rows is not None:
             return None
-        if not _decode_queries_only(inp) or not self._device_capable(inp):  # = _runs_on_device, layout once
+        if not decode_queries_only(inp) or not self._device_capable(inp):  # = _runs_on_device, layout once
             return None
         if any(row[0] != 0.0 for row in inp.sampling_rows):
             return None
@@ -369,7 +345,7 @@ class SpecDecodeWorker:
         if 0 in inp.context_lens:
             self._forget([sid for sid, c in zip(inp.seq_ids, inp.context_lens) if self._recomputed(sid, c)])
         S, K = len(inp.seq_ids), max(inp.num_draft_tokens)
-        starts = _emitting_starts(inp)
+        starts = emitting_starts(inp)
         qsl = _cumsum(inp.query_lens)
         drafts = [0] * (S * K)
         for s, d in enumerate(inp.num_draft_tokens):
@@ -416,7 +392,7 @@ class SpecDecodeWorker:
         emitted = [row[: row[K + 1] + 1] for row in rows]
         out = ModelOutput(token_ids=emitted)
         if inp.num_logprobs is not None:
-            self.runner.attach_logprobs(out, pending.logits, pending.starts, inp.num_logprobs)
+            attach_logprobs(out, pending.logits, pending.starts, inp.num_logprobs)
         if self.token_source is not None:
             wanted = self._mark_device_step(inp, emitted)
         else:  # the same history bookkeeping as the general path
@@ -490,63 +466,6 @@ class SpecDecodeWorker:
                 )
             )
         return batch
-
-
-def _decode_queries_only(inp: ModelInput) -> bool:
-    """Every sequence an emitting query ``[last token, drafts...]`` (no drafts: the first step of speculation)
-    with logits on every row (checked first: no per-token work)."""
-    return (
-        all(inp.samples)
-        and len(inp.logits_indices) == inp.num_tokens
-        and all(q == d + 1 for q, d in zip(inp.query_lens, inp.num_draft_tokens))
-    )
-
-
-def _mixed_layout(inp: ModelInput) -> bool:
-    """Whether a step with prompt chunks fits the device-side verification step: some sequence emits, a
-    sequence that verifies drafts is a decode query ``[last token, drafts...]``, and the logits rows are, in
-    order, every row of each emitting decode query and the last row of each emitting prompt chunk."""
-    if not any(inp.samples):
-        return False
-    expected: list[int] = []
-    r = 0
-    for q, d, emits in zip(inp.query_lens, inp.num_draft_tokens, inp.samples):
-        if d and (q != d + 1 or not emits):
-            return False
-        if emits:
-            expected.extend(range(r + q - d - 1, r + q))
-        r += q
-    return expected == inp.logits_indices
-
-
-def _emitting_starts(inp: ModelInput) -> list[int]:
-    """[S] first logits row of each sequence: an emitting sequence owns its drafts + 1 rows (every row of a
-    decode query, a prompt chunk's last); a sequence that emits nothing gets row 0 (read, then dropped)."""
-    starts, r = [], 0
-    for d, emits in zip(inp.num_draft_tokens, inp.samples):
-        starts.append(r if emits else 0)
-        if emits:
-            r += d + 1
-    return starts
-
-
-def _logits_rows(
-    first_rows: list[int],
-    emitted: list[list[int]],
-    drafts: list[list[int]],
-    trees: list[list[int] | None] | None,
-) -> list[int] | None:
-    """Logits rows of the emitted tokens, flattened, where some sequence verified a draft tree (its tokens come
-    from the root's row and the accepted nodes' rows); None: every sequence's rows are consecutive."""
-    if trees is None:
-        return None
-    rows: list[int] = []
-    for r0, toks, ds, tree in zip(first_rows, emitted, drafts, trees):
-        if tree is None:
-            rows.extend(range(r0, r0 + len(toks)))
-        else:
-            rows.extend([r0, *(r0 + 1 + node for node in accepted_path(tree, ds, toks))])
-    return rows
 
 
 def _cumsum(xs: list[int]) -> list[int]:

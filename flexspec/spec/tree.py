@@ -152,3 +152,51 @@ def move_slots(path: Sequence[int], first_draft_row: int) -> tuple[list[int], li
             src.append(first_draft_row + node)
             dst.append(first_draft_row + k)
     return src, dst
+
+
+def settle_trees(inp, emitted: list[list[int]]) -> tuple[list[list[int] | None], list[int], list[int]]:
+    """After a step that verified draft trees (``inp``: its ``ModelInput``; ``emitted``: tokens per emitting
+    sequence): [S] the accepted node indices per sequence (None: a chain or no emission) and the KV slots to move
+    (sources, destinations), so the cache holds each accepted path at its positions' slots."""
+    assert inp.draft_parents is not None
+    paths: list[list[int] | None] = []
+    src: list[int] = []
+    dst: list[int] = []
+    k = end = 0
+    for s, tree in enumerate(inp.draft_parents):
+        end += inp.query_lens[s]
+        if not inp.samples[s]:
+            paths.append(None)
+            continue
+        toks = emitted[k]
+        k += 1
+        if tree is None:
+            paths.append(None)
+            continue
+        first = end - inp.num_draft_tokens[s]  # row of draft node 0
+        path = accepted_path(tree, inp.input_ids[first:end], toks)
+        paths.append(path)
+        rows_from, rows_to = move_slots(path, first)
+        src.extend(inp.slot_mapping[r] for r in rows_from)
+        dst.extend(inp.slot_mapping[r] for r in rows_to)
+    return paths, src, dst
+
+
+def emitted_rows(
+    first_rows: list[int],
+    emitted: list[list[int]],
+    drafts: list[list[int]],
+    trees: list[list[int] | None] | None,
+) -> list[int] | None:
+    """Logits rows of the emitted tokens, flattened, where some sequence verified a draft tree (its tokens come
+    from the root's row and the accepted nodes' rows); None: every sequence's rows are consecutive from
+    ``first_rows``."""
+    if trees is None:
+        return None
+    rows: list[int] = []
+    for r0, toks, ds, tree in zip(first_rows, emitted, drafts, trees):
+        if tree is None:
+            rows.extend(range(r0, r0 + len(toks)))
+        else:
+            rows.extend([r0, *(r0 + 1 + node for node in accepted_path(tree, ds, toks))])
+    return rows
