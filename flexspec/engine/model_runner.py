@@ -211,7 +211,7 @@ class ModelRunner:
         drafter = self.spec_worker.drafter
         layers = tuple(drafter.capture_layers)
         pool = None
-        query_lens = verification_query_lens(drafter.num_speculative_tokens)
+        query_lens = verification_query_lens(drafter.max_chain_drafts)
         if drafter.observes_plain_steps:  # launched plain steps capture the drafter's layers
             query_lens = [1, *query_lens]
         for q in reversed(query_lens):  # largest first: one pool

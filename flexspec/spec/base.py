@@ -81,6 +81,12 @@ class Drafter(ABC):
         return ()
 
     @property
+    def max_chain_drafts(self) -> int:
+        """The most drafts of one chain (the longest verification query is this + 1); below
+        ``num_speculative_tokens`` for drafters whose proposals are trees of that many nodes."""
+        return self.num_speculative_tokens
+
+    @property
     def reads_plain_step_captured(self) -> bool:
         """Whether ``observe_plain_step`` reads its ``captured`` tensors (False: they are requested for the
         forward's side effects only, and CUDA graphs need not copy them out)."""

@@ -113,6 +113,12 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         return self._capture
 
     @property
+    def max_chain_drafts(self) -> int:
+        return min(
+            self.num_speculative_tokens, self.block_size - 1
+        )  # a tree's chain is one block deep at most
+
+    @property
     def reads_plain_step_captured(self) -> bool:
         return not self.defer_context  # deferred: the forward writes the feature cache itself
 

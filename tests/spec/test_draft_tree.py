@@ -204,6 +204,14 @@ def test_trees_exact_greedy_batch1(request, which, prompts, ref1):
     assert log.trees and log.off_first_child > 0 and log.moves > 0
 
 
+def test_tree_nodes_and_chain_limit(tree8):
+    """31 nodes per tree, but a chain of this block-16 drafter is at most 15 drafts deep: verification graphs of
+    chains are captured up to 16 rows (not 32)."""
+    drafter = tree8.executor.runner.spec_worker.drafter
+    assert (drafter.num_speculative_tokens, drafter.max_chain_drafts) == (31, 15)
+    assert not drafter.proposes_on_device  # trees are built on the host: the general path
+
+
 def test_tree_mal_beats_the_chain(greedy_runs, ref):
     chain_outs, chain_mal, chain_log = greedy_runs("chain")
     assert chain_outs == ref and not chain_log.trees and chain_log.moves == 0  # topk 1: chains only
