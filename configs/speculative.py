@@ -83,7 +83,13 @@ class DFlashConfig(_SpecBase):
     model: str = Field(
         ..., description="Folder of a DFlashDraftModel checkpoint (config.json + safetensors)."
     )
-    num_speculative_tokens: int = Field(15, ge=1, le=64, description="Drafts per step (block size - 1).")
+    num_speculative_tokens: int = Field(
+        15,
+        ge=1,
+        le=64,
+        description="Drafts per step: a chain of at most block size - 1, or the nodes of a draft tree "
+        "(draft_tree_topk > 1; CUDA graphs up to 62 nodes).",
+    )
     verification_threshold: float = Field(
         0.01,
         ge=0.0,

@@ -225,9 +225,10 @@ class ModelRunner:
             pool = graphs.pool
             self.graphs.append(graphs)
         q_tree = 1 + drafter.num_speculative_tokens
-        if (
-            getattr(drafter, "tree_topk", 1) > 1 and q_tree <= 63
-        ):  # draft trees: one graph family, masks as inputs
+        trees = getattr(drafter, "tree_topk", 1) > 1  # draft trees: one graph family, masks as inputs
+        if trees and q_tree > 63:
+            log.warning("draft trees of %d nodes: no CUDA graphs (62 at most); verified eagerly", q_tree - 1)
+        elif trees:
             try:
                 tree = DecodeGraphs(
                     self, sizes, query_len=q_tree, capture_layers=layers, pool=pool, tree=True

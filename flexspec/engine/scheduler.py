@@ -128,7 +128,8 @@ class Scheduler:
 
         block_size = bm.block_size
         running = SequenceStatus.RUNNING
-        for seq in list(self.running):
+        queue = list(self.running)
+        for i, seq in enumerate(queue):
             if budget == 0:
                 break
             if seq.status is not running:
@@ -139,8 +140,11 @@ class Scheduler:
                 continue  # a decode / verification query: it waits for the prefill step
             room = min(budget, max_len - computed)
             if seq.draft_token_ids:
-                # Draft tokens must fit the budget and max_model_len; otherwise verify fewer of them.
-                drafts = max(0, min(len(seq.draft_token_ids), room - uncomputed))
+                # Draft tokens must fit the budget and max_model_len; otherwise verify fewer of them. They leave a
+                # token for each request queued after this one, so drafts never take a running request's step
+                # (draft trees of many nodes; at most len(queue) - i - 1 of the budget, an upper bound).
+                spare = min(room, budget - (len(queue) - i - 1))
+                drafts = max(0, min(len(seq.draft_token_ids), spare - uncomputed))
                 n = min(uncomputed + drafts, room)
             else:
                 drafts, n = 0, min(uncomputed, room)

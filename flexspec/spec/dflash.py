@@ -373,17 +373,26 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         self, items: list[SeqDraftInput], top: torch.Tensor
     ) -> tuple[list[list[int]], list[list[int]]]:
         """Candidates [S, B-1, 2R] (``_topk_block``) -> (draft tokens, parents) of each sequence's dynamic tree:
-        the ``num_drafts`` rank paths of highest probability product whose product stays >=
-        ``verification_threshold`` (``flexspec.spec.tree.top_paths``; at least one node)."""
-        R, k, threshold = self.tree_topk, self.num_speculative_tokens, self.config.verification_threshold
+        the ``_node_budget`` rank paths of highest probability product whose product stays >=
+        ``verification_threshold`` (``flexspec.spec.tree.top_paths``; at least one node), at most ``num_drafts``
+        deep (the tokens the sequence may still emit)."""
+        R, threshold = self.tree_topk, self.config.verification_threshold
+        nodes = self._node_budget(len(items))
         ids_out, parents_out = [], []
         for b, rows in zip(items, top.tolist()):  # one readback
-            probs = [r[:R] for r in rows]
+            probs = [r[:R] for r in rows[: b.num_drafts]]
             tokens = [[int(t) for t in r[R:]] for r in rows]
-            ids, parents = paths_to_tree(top_paths(probs, min(b.num_drafts, k), threshold), tokens)
+            ids, parents = paths_to_tree(top_paths(probs, nodes, threshold), tokens)
             ids_out.append(ids)
             parents_out.append(parents)
         return ids_out, parents_out
+
+    def _node_budget(self, num_seqs: int) -> int:
+        """Tree nodes per sequence: ``num_speculative_tokens`` within an even share of the step's token budget
+        among the sequences drafting now or holding drafter state (the running ones): a query is 1 + nodes
+        tokens, and a batch of trees over ``max_num_batched_tokens`` leaves its last requests without a step."""
+        share = self.runner.config.max_num_batched_tokens // max(num_seqs, len(self.cache.tables), 1) - 1
+        return max(1, min(self.num_speculative_tokens, share))
 
     def _greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [S, K, V] -> (argmax drafts [S, K] int64, drafts worth verifying [S] int64, see

@@ -226,11 +226,39 @@ def test_trees_cut_by_the_token_budget_stay_exact(prompts, ref):
     """A budget of 24 tokens for 4 sequences with 16-row queries: trees are cut to a prefix (still a tree, by
     topological order), some sequences wait; prompts are prefilled in chunks."""
     eng = spec_engine(dflash(4, 15), max_num_batched_tokens=24, max_num_seqs=4)
+    drafter = eng.executor.runner.spec_worker.drafter
+    drafter._node_budget = lambda num_seqs: 15  # trees larger than the budget's share (see the next test)
     with tree_log(eng) as log:
         outs = [o.token_ids for o in eng.generate(prompts, GREEDY)]
     assert outs == ref
     assert log.trees and log.off_first_child > 0
     assert log.cut > 0, "no tree was cut"
+
+
+def test_trees_never_starve_running_requests(prompts, ref):
+    """4 sequences, 31-node trees, a budget of 64 tokens (the review's case: trees of 1 + 31 tokens each left the
+    last requests of a step without a token). The drafter gives each tree an even share of the budget
+    (``_node_budget``: 15 nodes here); with that share lifted, the scheduler still leaves one token per queued
+    request when it fits drafts, so every step that verifies drafts schedules every running request with drafts."""
+    eng = spec_engine(dflash(8, 31), max_num_batched_tokens=64, max_num_seqs=4)
+    drafter = eng.executor.runner.spec_worker.drafter
+    assert drafter._node_budget(4) == 15
+    drafter._node_budget = lambda num_seqs: 31  # trees of 32 tokens: 4 of them are twice the budget
+    sched = eng.scheduler
+    schedule, starved = sched.schedule, []
+
+    def checked(*args, **kwargs):
+        waiting = {s.seq_id for s in sched.running if s.draft_token_ids}
+        out = schedule(*args, **kwargs)
+        if out is not None and any(s.num_draft_tokens for s in out.scheduled):
+            starved.append(len(waiting - {s.seq.seq_id for s in out.scheduled}))
+        return out
+
+    sched.schedule = checked
+    with tree_log(eng) as log:
+        outs = [o.token_ids for o in eng.generate(prompts, GREEDY)]
+    assert outs == ref
+    assert log.trees and starved and not any(starved), starved
 
 
 def test_trees_under_preemption_stay_exact(prompts, ref):
