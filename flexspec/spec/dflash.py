@@ -114,9 +114,8 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
 
     @property
     def max_chain_drafts(self) -> int:
-        return min(
-            self.num_speculative_tokens, self.block_size - 1
-        )  # a tree's chain is one block deep at most
+        """A chain (also a tree that is one) is at most one block deep."""
+        return min(self.num_speculative_tokens, self.block_size - 1)
 
     @property
     def reads_plain_step_captured(self) -> bool:
