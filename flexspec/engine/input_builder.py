@@ -67,17 +67,18 @@ def general_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
             ids.append(seq.token_ids[start])
             positions.append(start)
             slots.append(table[start // bs] * bs + start % bs)
-            tree = None
+            tree = tree_depths = None
         else:
             ids.extend(s.token_ids)
             end = start + n
             if d and seq.draft_parents is not None:  # tree nodes sit at the root's position + their depth
                 tree = seq.draft_parents[:d]  # topological order: a cut tree is a tree
+                tree_depths = depths(tree)
                 root = end - d - 1
                 positions.extend(range(start, root + 1))
-                positions.extend(root + depth for depth in depths(tree))
+                positions.extend(root + depth for depth in tree_depths)
             else:
-                tree = None
+                tree = tree_depths = None
                 positions.extend(range(start, end))
             # slots block by block: one range per KV block the tokens fall in
             pos = start
@@ -101,7 +102,7 @@ def general_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
             logits_indices.extend(range(first, first + d + 1))
             t, top_p, top_k, seed = p.temperature, p.top_p, p.top_k, seq.seed
             # each row samples its own output position (a tree node's: its depth), as plain decoding would
-            offsets = range(d + 1) if trees[-1] is None else [0, *depths(trees[-1])]
+            offsets = range(d + 1) if tree_depths is None else [0, *tree_depths]
             rows.extend([(t, top_p, top_k, seed, num_out + j) for j in offsets])
             if p.logprobs is not None:
                 num_logprobs = max(num_logprobs or 0, p.logprobs)

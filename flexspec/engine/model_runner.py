@@ -375,9 +375,9 @@ class ModelRunner:
         )
         if (
             inp.draft_parents is not None
-        ):  # draft trees: every sequence gets its [n, n] mask (causal if no tree)
+        ):  # draft trees: every sequence gets its [n, n] mask (causal: no tree)
             masks = [
-                tree_mask(tree, q - d) if tree is not None else torch.ones(q, q, dtype=torch.bool).tril_()
+                tree_mask(tree, q - d) if tree is not None else tree_mask((), q)
                 for tree, q, d in zip(inp.draft_parents, inp.query_lens, inp.num_draft_tokens)
             ]
             mask, mask_start_loc = pack_masks(masks)

@@ -83,26 +83,10 @@ def check_tree(parents: Sequence[int], drafts: Sequence[int]) -> None:
         seen.add((p, t))
 
 
-def tree_mask(parents: Sequence[int], num_prefix: int) -> torch.Tensor:
-    """[n_q, n_q] bool attention mask of a query of ``num_prefix`` committed tokens (causal among themselves;
-    the last one is the root) followed by the tree's nodes: ``[i, j]`` = query row i sees row j. A node sees
-    every committed row, its ancestors and itself."""
-    n = len(parents)
-    size = num_prefix + n
-    mask = torch.zeros(size, size, dtype=torch.bool)
-    mask[:, :num_prefix] = torch.ones(size, num_prefix, dtype=torch.bool).tril_(0)
-    mask[num_prefix:, :num_prefix] = True
-    for i, p in enumerate(parents):
-        row = num_prefix + i
-        if p >= 0:
-            mask[row, num_prefix : num_prefix + n] = mask[num_prefix + p, num_prefix : num_prefix + n]
-        mask[row, row] = True
-    return mask
-
-
 def tree_mask_bits(parents: Sequence[int], num_prefix: int) -> list[int]:
-    """``tree_mask`` as one integer per query row: bit j set = the row sees query row j (CUDA graphs stage
-    these; at most 63 rows)."""
+    """The attention mask of a query of ``num_prefix`` committed tokens (causal among themselves; the last one
+    is the root) followed by the tree's nodes, one integer per query row: bit j set = the row sees query row j.
+    A node sees every committed row, its ancestors and itself (CUDA graphs stage these: at most 63 rows)."""
     bits = [(1 << (i + 1)) - 1 for i in range(num_prefix)]
     prefix = bits[-1] if bits else 0
     for i, p in enumerate(parents):
@@ -111,13 +95,27 @@ def tree_mask_bits(parents: Sequence[int], num_prefix: int) -> list[int]:
     return bits
 
 
+def tree_mask(parents: Sequence[int], num_prefix: int) -> torch.Tensor:
+    """``tree_mask_bits`` as a [n_q, n_q] bool matrix: ``[i, j]`` = query row i sees row j."""
+    size = num_prefix + len(parents)  # up to 65 rows on the eager path: Python ints, not int64
+    return torch.tensor(
+        [[(b >> j) & 1 for j in range(size)] for b in tree_mask_bits(parents, num_prefix)]
+    ).bool()
+
+
+def _children(parents: Sequence[int], drafts: Sequence[int]) -> dict[int, dict[int, int]]:
+    """node (-1: the root) -> {child's token: child}."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (p, t) in enumerate(zip(parents, drafts)):
+        children.setdefault(p, {}).setdefault(t, i)
+    return children
+
+
 def walk(parents: Sequence[int], drafts: Sequence[int], target: Sequence[int]) -> tuple[list[int], list[int]]:
     """Greedy tree verification. ``target`` [n + 1]: the target's token at the root row (0) and at each node's
     row (1 + i), sampled as plain decoding samples that output position. Returns (emitted tokens: accepted
     drafts then the bonus or recovered token, accepted node indices along the path)."""
-    children: dict[int, dict[int, int]] = {}
-    for i, (p, t) in enumerate(zip(parents, drafts)):
-        children.setdefault(p, {}).setdefault(t, i)
+    children = _children(parents, drafts)
     node, emitted, path = -1, [], []
     while True:
         token = target[node + 1]
@@ -132,9 +130,7 @@ def walk(parents: Sequence[int], drafts: Sequence[int], target: Sequence[int]) -
 def accepted_path(parents: Sequence[int], drafts: Sequence[int], emitted: Sequence[int]) -> list[int]:
     """The accepted node indices named by ``emitted`` (``walk``'s tokens): every rank derives them from the
     broadcast tokens."""
-    children: dict[int, dict[int, int]] = {}
-    for i, (p, t) in enumerate(zip(parents, drafts)):
-        children.setdefault(p, {}).setdefault(t, i)
+    children = _children(parents, drafts)
     node, path = -1, []
     for token in emitted[:-1]:
         node = children[node][token]
