@@ -76,6 +76,7 @@ def measure(num_seqs: int, args: argparse.Namespace) -> dict[str, float]:
     import torch
 
     from flexspec.engine.graph_inputs import StagedInputs, stage_decode_inputs
+    from flexspec.spec.dflash_device import META_COLS
     from flexspec.spec.fused_step import stage_tail_rows
 
     rng = random.Random(0)
@@ -87,7 +88,7 @@ def measure(num_seqs: int, args: argparse.Namespace) -> dict[str, float]:
         sizes = {"input_ids": n, "positions": n, "slot_mapping": n, "context_lens": num_seqs,
                  "block_tables": num_seqs * max_blocks, "logits_rows": n, "token_rows": n}  # fmt: skip
         stage = StagedInputs(sizes, torch.device("cpu"))
-        meta_width = 6 + max_blocks
+        meta_width = META_COLS + max_blocks
         tail = np.zeros((num_seqs, meta_width + drafts), dtype=np.int64)
         tail_record: list = []
         batch = _Batch(rng, num_seqs, args.context)
@@ -95,7 +96,7 @@ def measure(num_seqs: int, args: argparse.Namespace) -> dict[str, float]:
         for step in range(args.warmup + args.steps):
             batch.advance(q, args.max_model_len)
             inp = batch.model_input(drafts)
-            meta = [[c, ql, 0, 1, ql - 1, 1] for c, ql in zip(inp.context_lens, inp.query_lens)]
+            meta = [[c, ql, 0, 1, ql - 1, 1, 1 << 20] for c, ql in zip(inp.context_lens, inp.query_lens)]
             t0 = time.perf_counter()
             stage_decode_inputs(stage, inp, q, [num_seqs], max_blocks, args.max_model_len)
             t1 = time.perf_counter()

@@ -38,15 +38,20 @@ def move_kv_slots(
     layers: list,
     cache: torch.Tensor | None,
     feature_cache,  # flexspec.models.features.FeatureCache or None
-    src_slots: list[int],
-    dst_slots: list[int],
+    src_slots: list[int] | torch.Tensor,
+    dst_slots: list[int] | torch.Tensor,
 ) -> None:
     """Copy the K/V of slots ``src_slots`` to ``dst_slots`` in every layer (``cache``: ``bind_kv_cache``'s
     tensor, or None), and the feature cache's rows when a drafter keeps one. Sources are read before any
-    destination is written. Sync-free."""
+    destination is written; a destination listed twice must get the same source's value (the device-side tree
+    step pads with copies of one move, ``flexspec.spec.tree_device.tree_move_pairs``). Slots as lists or as int64
+    tensors on the cache's device. Sync-free."""
     device = layers[0].k_cache.device
-    idx = torch.tensor([src_slots, dst_slots], dtype=torch.int64).to(device, non_blocking=True)
-    src, dst = idx[0], idx[1]
+    if isinstance(src_slots, torch.Tensor):
+        src, dst = src_slots, dst_slots
+    else:
+        idx = torch.tensor([src_slots, dst_slots], dtype=torch.int64).to(device, non_blocking=True)
+        src, dst = idx[0], idx[1]
     if cache is not None:
         flat = cache.view(2 * len(layers), -1, *cache.shape[-2:])  # [2L, slots, Hkv, D]
         flat.index_copy_(1, dst, flat.index_select(1, src))

@@ -345,7 +345,7 @@ class ModelRunner:
             a.k_cache = a.v_cache = torch.empty(0)
         torch.cuda.synchronize(self.device)
 
-    def move_kv(self, src_slots: list[int], dst_slots: list[int]) -> None:
+    def move_kv(self, src_slots: list[int] | torch.Tensor, dst_slots: list[int] | torch.Tensor) -> None:
         """Copy the K/V (and feature-cache rows, when a drafter keeps them) of KV slots ``src_slots`` to
         ``dst_slots``, in every layer: draft-tree verification keeps the accepted nodes at their positions'
         slots (``flexspec.engine.kv_cache.move_kv_slots``). Sync-free."""

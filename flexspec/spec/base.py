@@ -69,6 +69,9 @@ class Drafter(ABC):
     # True when ``propose_on_device`` drafts from device tensors without a host sync (deterministic drafts),
     # so the worker may verify and draft in one device-side step.
     proposes_on_device: ClassVar[bool] = False
+    # True when ``propose_on_device`` proposes draft trees: its drafts are [S, 2N] (node tokens, then parents,
+    # ``flexspec.spec.tree``) and its keep counts nodes; it then also takes the accepted ``path`` of verified trees.
+    device_trees: ClassVar[bool] = False
 
     def __init__(self, config, runner: ModelRunner) -> None:
         self.config = config

@@ -22,6 +22,9 @@ import torch
 from flexspec.engine.cuda_graphs import DecodeGraphs, capture_graphs
 from flexspec.engine.graph_inputs import SMALL_BATCH, StagedInputs, write_table_rows
 from flexspec.engine.model_input import ModelInput
+from flexspec.spec.dflash_device import META_COLS
+from flexspec.spec.tree import tree_rows
+from flexspec.spec.tree_device import accept_tree_drafts, tree_move_pairs
 from flexspec.spec.verifier import accept_deterministic_drafts
 from flexspec_kernels.argmax import argmax
 
@@ -30,9 +33,12 @@ class FusedVerifyGraphs:
     """The tail of a device-side verification step, per batch size, for one ``DecodeGraphs`` (query length q).
 
     Per step the host stages one int64 row per sequence (``stage_tail_rows``): the drafter's meta row
-    (``plan_device_step``: 6 columns, then its block table in W = ``fused_table_width`` columns), then the
-    sequence's q - 1 drafts (0-padded); dummy sequences up to the graph's batch size are all 0 (context 0, cache
-    not ready: nothing written, nothing drafted).
+    (``plan_device_step``: ``META_COLS`` columns, then its block table in W = ``fused_table_width`` columns), then the
+    sequence's q - 1 drafts (0-padded), and for a tree graph (``decode.tree``) their q - 1 parents
+    (``flexspec.spec.tree.tree_rows``); dummy sequences up to the graph's batch size are all 0 (context 0, cache
+    not ready: nothing written, nothing drafted). A tree graph's tail verifies trees (``accept_tree_drafts``) and
+    moves the accepted nodes' K/V to their positions' slots (``tree_move_pairs``, slots from the decode graph's
+    staged slot mapping) before the drafter's tail.
 
     Args:
         decode: the target's decode graphs whose static outputs the tail reads (``decode.q`` rows per sequence).
@@ -48,9 +54,11 @@ class FusedVerifyGraphs:
         self.decode = decode
         self.drafter = drafter
         self.q = decode.q
+        self.tree = decode.tree
         self.batch_sizes = decode.batch_sizes
-        self.width = 6 + drafter.fused_table_width + (self.q - 1)  # int64 columns per staged row
-        self.meta_width = 6 + drafter.fused_table_width
+        # int64 columns per staged row: meta, drafts, (parents)
+        self.meta_width = META_COLS + drafter.fused_table_width
+        self.width = self.meta_width + (self.q - 1) * (2 if self.tree else 1)
         max_bs = self.batch_sizes[-1]
         self.stage = StagedInputs({"rows": max_bs * self.width}, decode.runner.device)
         self.stage.send()  # all 0: dummy rows
@@ -68,11 +76,21 @@ class FusedVerifyGraphs:
         the drafter's tail, packed as ``[tokens (q), accepted, drafts (D), keep]`` per sequence."""
         q = self.q
         rows = self.stage.on_device("rows")[: bs * self.width].view(bs, self.width)
-        meta, drafts = rows[:, : self.meta_width], rows[:, self.meta_width :]
+        meta, drafts = rows[:, : self.meta_width], rows[:, self.meta_width : self.meta_width + q - 1]
         target = argmax(self.decode.logits[bs])  # [bs * q]
         starts = torch.arange(bs, device=rows.device) * q
-        tokens, accepted = accept_deterministic_drafts(target, starts, meta[:, 4], drafts)  # [bs, q], [bs]
-        next_drafts, keep = self.drafter.fused_tail(meta, tokens, accepted, self.decode.captured[bs])
+        captured = self.decode.captured[bs]
+        if not self.tree:
+            tokens, accepted = accept_deterministic_drafts(
+                target, starts, meta[:, 4], drafts
+            )  # [bs, q], [bs]
+            next_drafts, keep = self.drafter.fused_tail(meta, tokens, accepted, captured)
+        else:
+            parents = rows[:, self.meta_width + q - 1 :]
+            tokens, accepted, path = accept_tree_drafts(target, starts, meta[:, 4], drafts, parents)
+            slots = self.decode.slot_mapping[: bs * q].view(bs, q)
+            self.decode.runner.move_kv(*tree_move_pairs(slots, path, accepted))
+            next_drafts, keep = self.drafter.fused_tail(meta, tokens, accepted, captured, path=path)
         return torch.cat([tokens, accepted[:, None], next_drafts, keep[:, None]], 1)
 
     def can_run(self, inp: ModelInput) -> bool:
@@ -90,6 +108,9 @@ class FusedVerifyGraphs:
         self.stage.wait_sent()
         host = self.stage.host("rows").reshape(-1, self.width)
         stage_tail_rows(host, self.table_rows, inp, meta_rows, tables, self.meta_width, bs)
+        if self.tree:
+            parents, _ = tree_rows(inp, self.q - 1)
+            host[:S, self.meta_width + self.q - 1 :] = np.asarray(parents, dtype=np.int64).reshape(S, -1)
         self.stage.send()
         if self.graphs:
             self.graphs[bs].replay()
@@ -109,15 +130,15 @@ def stage_tail_rows(
     bs: int,
 ) -> None:
     """Write a fused tail's per-sequence rows into ``host`` [>= bs, meta_width + q - 1] int64 (a staged buffer
-    kept between steps): ``meta_rows`` [S][6] in columns 0-5, drafter block ``tables`` from column 6
+    kept between steps): ``meta_rows`` [S][META_COLS] first, drafter block ``tables`` after them
     (``write_table_rows``, record ``table_rows``: new entries only), ``inp``'s drafts (every sequence a decode
     query ``[last token, drafts...]``) from column ``meta_width``, 0-padded; rows S .. bs-1 (dummy sequences)
     all 0. At batch 64 with ``fused_table_width`` 128, padding every table and the per-sequence draft copies
     cost ~0.5 ms per step on a 2-core CPU, ~80 us this way (``bench.host_staging``)."""
     S = len(inp.query_lens)
-    host[:S, :6] = meta_rows
-    write_table_rows(host[:, 6:meta_width], table_rows, tables)
-    drafts = host[:S, meta_width:]
+    host[:S, :META_COLS] = meta_rows
+    write_table_rows(host[:, META_COLS:meta_width], table_rows, tables)
+    drafts = host[:S, meta_width:]  # (a tree graph's parents columns too: written after this)
     drafts[:] = 0
     if S <= SMALL_BATCH:  # numpy's fixed costs exceed a loop's at small batch
         r = 0

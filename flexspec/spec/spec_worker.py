@@ -22,6 +22,7 @@ from flexspec.spec.fused_step import FusedVerifyGraphs
 from flexspec.spec.registry import build_drafter
 from flexspec.spec.step_layout import decode_queries_only, emitting_starts, mixed_layout
 from flexspec.spec.tree import emitted_rows, settle_trees
+from flexspec.spec.tree_device import settle_trees_on_device
 from flexspec.spec.verifier import accept_deterministic_drafts, verify
 
 if TYPE_CHECKING:
@@ -64,8 +65,8 @@ class SpecDecodeWorker:
         self.config = config
         self.drafter = build_drafter(config, runner)
         self.device_verification: bool = getattr(config, "device_verification", True)
-        # decode-graph query length -> the captured tail of its device-side steps (``capture_fused``)
-        self.fused: dict[int, FusedVerifyGraphs] = {}
+        # (decode-graph query length, tree graph) -> the captured tail of its device-side steps (``capture_fused``)
+        self.fused: dict[tuple[int, bool], FusedVerifyGraphs] = {}
         self._readback: torch.Tensor | None = None  # pinned host buffer of a launched step's result
         self.history: dict[int, list[int]] = {}  # seq id -> committed token ids (see token_source)
         # In one process with the engine (TP=1), its token list of a sequence by seq id (None once unknown):
@@ -236,7 +237,7 @@ class SpecDecodeWorker:
             return False
         if decode_queries_only(inp):
             return True
-        return inp.spec_mode != "parallel" and mixed_layout(inp)
+        return inp.spec_mode != "parallel" and inp.draft_parents is None and mixed_layout(inp)
 
     def _device_capable(self, inp: ModelInput) -> bool:
         """``_runs_on_device``'s conditions other than the step's layout: device verification on, a drafter that
@@ -246,7 +247,8 @@ class SpecDecodeWorker:
             and self.drafter.proposes_on_device
             and self.runner.tp.size == 1
             and inp.seq_ids
-            and inp.draft_parents is None  # draft trees: verified on the host (general path)
+            # draft trees: on the device where the drafter builds them there; logprobs: the general path
+            and (inp.draft_parents is None or (self.drafter.device_trees and inp.num_logprobs is None))
             and not (self.pending_probs and any(sid in self.pending_probs for sid in inp.seq_ids))
         )
 
@@ -284,7 +286,7 @@ class SpecDecodeWorker:
         pool = graphs[0].pool if graphs else None  # replayed one after another: one pool
         layers = tuple(self.drafter.capture_layers)
         for decode in sorted(graphs, key=lambda g: -g.q):  # largest first: one pool
-            if decode.capture_layers != layers or decode.tree:
+            if decode.capture_layers != layers or (decode.tree and not self.drafter.device_trees):
                 continue
             try:
                 tail = FusedVerifyGraphs(decode, self.drafter, pool=pool, capture=capture)
@@ -292,7 +294,7 @@ class SpecDecodeWorker:
                 log.warning("fused verification graphs (query length %d) not captured (%s)", decode.q, e)
                 continue
             pool = tail.pool
-            self.fused[decode.q] = tail
+            self.fused[decode.q, decode.tree] = tail
 
     def _fused_for(self, inp: ModelInput):
         """(decode graphs, fused tail) for a device-side step that fits them, else None: every sequence a decode
@@ -312,7 +314,7 @@ class SpecDecodeWorker:
         if any(row[0] != 0.0 for row in inp.sampling_rows):
             return None
         decode = next((g for g in self.runner.graphs if g.can_run(inp)), None)
-        tail = self.fused.get(decode.q) if decode is not None else None
+        tail = self.fused.get((decode.q, decode.tree)) if decode is not None else None
         if tail is None or tail.decode is not decode or not tail.can_run(inp):
             return None
         return decode, tail
@@ -356,11 +358,19 @@ class SpecDecodeWorker:
         starts_t, num_drafts_t, drafts_t = dev[:S], dev[S : 2 * S], dev[2 * S :].view(S, K)
         meta = SamplingMetadata(inp.sampling_rows, runner.device, inp.num_logprobs)
         target = sample(logits, meta)  # [T]
-        tokens, accepted = accept_deterministic_drafts(target, starts_t, num_drafts_t, drafts_t)
-        next_drafts, keep = self.drafter.propose_on_device(inp, tokens, accepted, captured)
+        if inp.draft_parents is None:
+            tokens, accepted = accept_deterministic_drafts(target, starts_t, num_drafts_t, drafts_t)
+            next_drafts, keep = self.drafter.propose_on_device(inp, tokens, accepted, captured)
+        else:  # trees (decode queries only: logits rows = input rows)
+            tokens, accepted, path = self._accept_trees(inp, target, starts_t, num_drafts_t, drafts_t)
+            next_drafts, keep = self.drafter.propose_on_device(inp, tokens, accepted, captured, path=path)
         packed = torch.cat([tokens, accepted[:, None], next_drafts, keep[:, None]], 1)  # [S, K + D + 3]
         starts = [r for r, emits in zip(starts, inp.samples) if emits]
         return self._read_back(inp, packed, logits, starts, K)
+
+    def _accept_trees(self, inp, target, starts, num_drafts, drafts):
+        """``settle_trees_on_device`` (a hook for tests)."""
+        return settle_trees_on_device(self.runner, inp, target, starts, num_drafts, drafts)
 
     def _read_back(
         self, inp: ModelInput, packed: torch.Tensor, logits: torch.Tensor, starts: list[int], K: int
@@ -398,7 +408,12 @@ class SpecDecodeWorker:
         else:  # the same history bookkeeping as the general path
             wanted = [b.num_drafts for b in self._draft_inputs(inp, emitted) if b.emitted]
         k = self.drafter.num_speculative_tokens
-        out.draft_token_ids = [row[K + 2 : K + 2 + min(w, k, row[-1])] for w, row in zip(wanted, rows)]
+        if self.drafter.device_trees:
+            out.draft_token_ids, parents = self.drafter.device_tree_drafts(rows, K, wanted)
+            if any(p is not None for p in parents):
+                out.draft_parents = parents
+        else:
+            out.draft_token_ids = [row[K + 2 : K + 2 + min(w, k, row[-1])] for w, row in zip(wanted, rows)]
         if self.pending_probs:  # deterministic drafts: no distributions pending
             for sid in inp.seq_ids:
                 self.pending_probs.pop(sid, None)

@@ -196,3 +196,36 @@ def emitted_rows(
         else:
             rows.extend([r0, *(r0 + 1 + node for node in accepted_path(tree, ds, toks))])
     return rows
+
+
+def cut_tree(
+    ids: list[int], parents: list[int], max_nodes: int, max_depth: int
+) -> tuple[list[int], list[int]]:
+    """A tree (topological order, best nodes first) cut to its first ``max_nodes`` nodes, then to the nodes at most
+    ``max_depth`` deep (the tokens a sequence may still emit), parents renumbered. Both cuts keep every kept
+    node's ancestors."""
+    ids, parents = ids[:max_nodes], parents[:max_nodes]
+    keep = [i for i, d in enumerate(depths(parents)) if d <= max_depth]
+    if len(keep) == len(ids):
+        return ids, parents
+    index = {old: new for new, old in enumerate(keep)}
+    return [ids[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
+
+
+def tree_rows(inp, max_drafts: int) -> tuple[list[int], list[int]]:
+    """A decode-only step's trees for device-side verification (``flexspec.spec.tree_device``), flattened: per
+    sequence its K = ``max_drafts`` node parents (a chain's where ``inp.draft_parents[s]`` is None; -1 past its
+    drafts) and the K + 1 KV slots of its root row and node rows (the root's slot past its drafts)."""
+    parents: list[int] = []
+    slots: list[int] = []
+    trees = inp.draft_parents or [None] * len(inp.query_lens)
+    end = 0
+    for tree, n, d in zip(trees, inp.query_lens, inp.num_draft_tokens):
+        end += n
+        root = end - d - 1
+        pad = max_drafts - d
+        parents.extend(tree if tree is not None else range(-1, d - 1))
+        parents.extend([-1] * pad)
+        slots.extend(inp.slot_mapping[root:end])
+        slots.extend([inp.slot_mapping[root]] * pad)
+    return parents, slots

@@ -25,7 +25,7 @@ from flexspec.spec.tree import (
     is_chain,
 )
 from tests.conftest import real_prompts
-from tests.spec.conftest import spec_engine
+from tests.spec.conftest import on_worker_outputs, spec_engine
 
 DRAFTER = "smollm2-135m-instruct-dflash"
 MAX_TOKENS = 48
@@ -109,6 +109,12 @@ def tree8():
     return spec_engine(dflash(8, 31))
 
 
+@pytest.fixture(scope="module")
+def tree4_host():
+    """Trees verified and built on the host (the general path)."""
+    return spec_engine(dflash(4, 15, device_verification=False))
+
+
 class TreeLog:
     """What the spec worker settled: per verified tree (parents, accepted path), and move_kv calls."""
 
@@ -130,34 +136,50 @@ class TreeLog:
 
 @contextlib.contextmanager
 def tree_log(eng):
+    """Log the trees an engine verifies, on the general path (``_settle_trees``, ``move_kv`` with slot lists)
+    and on the device-side path (``_accept_trees``: its path tensor read back here)."""
     worker = eng.executor.runner.spec_worker
     runner = worker.runner
     log = TreeLog()
-    settle, move = worker._settle_trees, runner.move_kv
+    settle, move, accept = worker._settle_trees, runner.move_kv, worker._accept_trees
 
-    def settle_logged(inp, emitted):
+    def note_cuts(inp):
         running = {seq.seq_id: seq for seq in eng.scheduler.running}  # their drafts: the proposed trees
         for sid, tree, d in zip(inp.seq_ids, inp.draft_parents, inp.num_draft_tokens):
             proposed = running[sid].draft_parents if sid in running else None
             log.cut += tree is not None and proposed is not None and len(proposed) > d
+
+    def settle_logged(inp, emitted):
+        note_cuts(inp)
         paths = settle(inp, emitted)
         for tree, path in zip(inp.draft_parents, paths):
             if tree is not None and path is not None:
                 log.trees.append((list(tree), list(path)))
         return paths
 
+    def accept_logged(inp, *args):
+        note_cuts(inp)
+        tokens, accepted, path = accept(inp, *args)
+        for tree, a, row in zip(inp.draft_parents, accepted.tolist(), path.tolist()):
+            if tree is not None:
+                log.trees.append((list(tree), row[:a]))
+                moved = sum(node != k for k, node in enumerate(row[:a]))
+                log.moves += moved > 0
+                log.moved_slots += moved
+        return tokens, accepted, path
+
     def move_logged(src, dst):
         assert len(src) == len(dst)
-        if src:
+        if isinstance(src, list) and src:  # the device path's moves are counted from its paths
             log.moves += 1
             log.moved_slots += len(src)
         return move(src, dst)
 
-    worker._settle_trees, runner.move_kv = settle_logged, move_logged
+    worker._settle_trees, runner.move_kv, worker._accept_trees = settle_logged, move_logged, accept_logged
     try:
         yield log
     finally:
-        del worker._settle_trees, runner.move_kv  # back to the class's methods
+        del worker._settle_trees, runner.move_kv, worker._accept_trees  # back to the class's methods
 
 
 def mal_of(eng, prompts, params) -> tuple[list[list[int]], float]:
@@ -186,7 +208,7 @@ def greedy_runs(request, prompts):
     return run
 
 
-@pytest.mark.parametrize("which", ["tree4", "tree8"])
+@pytest.mark.parametrize("which", ["tree4", "tree8", "tree4_host"])
 def test_trees_exact_greedy_batch4(greedy_runs, which, ref):
     outs, mal, log = greedy_runs(which)
     assert outs == ref
@@ -204,12 +226,35 @@ def test_trees_exact_greedy_batch1(request, which, prompts, ref1):
     assert log.trees and log.off_first_child > 0 and log.moves > 0
 
 
+def test_device_side_trees_equal_the_general_path_step_for_step(tree4, tree4_host, prompts, ref):
+    """The device-side tree step (``flexspec.spec.tree_device``: trees built from the block's candidates,
+    verified, K/V moved on the device, one readback) emits the general path's tokens and proposes its trees
+    (tokens and parents), step for step."""
+    runs = []
+    for eng in (tree4, tree4_host):
+        steps: list = []
+        worker = eng.executor.runner.spec_worker
+
+        def note(inp, out, steps=steps):
+            steps.append(
+                (out.token_ids, out.draft_token_ids, out.draft_parents, inp.draft_parents is not None)
+            )
+
+        with on_worker_outputs(worker, note):
+            outs = [o.token_ids for o in eng.generate(prompts, GREEDY)]
+        runs.append((outs, steps))
+    (dev_outs, dev_steps), (host_outs, host_steps) = runs
+    assert dev_outs == host_outs == ref
+    assert dev_steps == host_steps
+    assert sum(tree for *_, tree in dev_steps) > 5  # steps that verified trees
+
+
 def test_tree_nodes_and_chain_limit(tree8):
     """31 nodes per tree, but a chain of this block-16 drafter is at most 15 drafts deep: verification graphs of
     chains are captured up to 16 rows (not 32)."""
     drafter = tree8.executor.runner.spec_worker.drafter
     assert (drafter.num_speculative_tokens, drafter.max_chain_drafts) == (31, 15)
-    assert not drafter.proposes_on_device  # trees are built on the host: the general path
+    assert drafter.proposes_on_device and drafter.device_trees  # trees are built on the device
 
 
 def test_tree_mal_beats_the_chain(greedy_runs, ref):

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from flexspec.engine.model_input import ModelInput
+from flexspec.spec.dflash_device import META_COLS
 from flexspec.spec.fused_step import stage_tail_rows
 
 TABLE_WIDTH, MAX_DRAFTS = 10, 5
-META_WIDTH = 6 + TABLE_WIDTH
+META_WIDTH = META_COLS + TABLE_WIDTH
 
 
 @pytest.mark.parametrize("num_seqs", [1, 3, 8, 9, 20])
@@ -34,13 +35,13 @@ def test_tail_rows_match_rows_built_one_by_one(num_seqs):
         ids = [rng.randrange(1, 1000) for _ in range(sum(d + 1 for d in drafts))]
         inp = ModelInput(ids, [], [], [], [], [d + 1 for d in drafts], [])
         inp.num_draft_tokens = drafts
-        meta = [[rng.randrange(1000) for _ in range(6)] for _ in range(num_seqs)]
+        meta = [[rng.randrange(1000) for _ in range(META_COLS)] for _ in range(num_seqs)]
         stage_tail_rows(host, record, inp, meta, tables, META_WIDTH, bs)
         r = 0
         for s in range(num_seqs):
             row = host[s].tolist()
-            assert row[:6] == meta[s]
-            assert row[6 : 6 + len(tables[s])] == tables[s]
+            assert row[:META_COLS] == meta[s]
+            assert row[META_COLS : META_COLS + len(tables[s])] == tables[s]
             d = drafts[s]
             assert row[META_WIDTH:] == ids[r + 1 : r + 1 + d] + [0] * (MAX_DRAFTS - d)
             r += d + 1

@@ -35,7 +35,7 @@ def fused_eng():
     ]
     runner.graphs.sort(key=lambda g: g.q)
     worker.capture_fused(runner.graphs, capture=False)
-    assert sorted(worker.fused) == [1, 2, 4, 8]
+    assert sorted(worker.fused) == [(1, False), (2, False), (4, False), (8, False)]
     return eng
 
 

@@ -1,0 +1,184 @@
+"""Draft trees on the device (``flexspec.spec.tree_device``) against the host versions (``flexspec.spec.tree``),
+and the captured tail of a tree step (``FusedVerifyGraphs`` over a tree decode graph, uncaptured on CPU) against
+the eager device-side step, step for step.
+
+- ``top_paths_device`` = ``paths_to_tree(top_paths(...))`` on random per-depth candidates (distinct products),
+  with thresholds, depth limits (none, partial, 0) and budgets above the number of candidate nodes.
+- ``accept_tree_drafts`` = ``walk`` on random trees (siblings distinct, random target tokens), and on chains =
+  ``accept_deterministic_drafts``; ``tree_move_pairs`` applied as one gather + scatter = ``move_slots``' moves.
+- ``cut_tree`` keeps a tree, renumbers parents.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from configs import SamplingParams
+from flexspec.engine.cuda_graphs import DecodeGraphs
+from flexspec.engine.model_runner import verification_query_lens
+from flexspec.spec.tree import cut_tree, depths, move_slots, paths_to_tree, top_paths, walk
+from flexspec.spec.tree_device import accept_tree_drafts, top_paths_device, tree_move_pairs
+from flexspec.spec.verifier import accept_deterministic_drafts
+from tests.spec.conftest import on_worker_outputs, spec_engine
+
+
+def random_candidates(rng: torch.Generator, S: int, D: int, R: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[S, D, R] sorted probabilities (each depth's sum < 1) and distinct token ids per depth."""
+    p = torch.rand(S, D, R, generator=rng, dtype=torch.float64) + 1e-3
+    p = p / p.sum(-1, keepdim=True) * torch.rand(S, D, 1, generator=rng, dtype=torch.float64).clamp(min=0.05)
+    ids = torch.stack([torch.randperm(100, generator=rng)[:R] for _ in range(S * D)]).view(S, D, R)
+    return p.sort(-1, descending=True).values, ids
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_top_paths_device_equals_the_host_search(seed):
+    rng = torch.Generator().manual_seed(seed)
+    py = random.Random(seed)
+    for _ in range(40):
+        S, D, R, N = py.randint(1, 4), py.randint(1, 7), py.randint(1, 6), py.randint(1, 40)
+        threshold = py.choice([0.0, 0.001, 0.05, 0.3])
+        probs, ids = random_candidates(rng, S, D, R)
+        max_depth = None if py.random() < 0.3 else torch.randint(-1, D + 2, (S,), generator=rng)
+        top = torch.cat([probs, ids.double()], -1)
+        drafts, parents, count = top_paths_device(top, N, threshold, max_depth)
+        assert drafts.shape == parents.shape == (S, N)
+        for s in range(S):
+            deepest = D if max_depth is None else max(int(max_depth[s]), 0)
+            want_ids, want_parents = paths_to_tree(
+                top_paths(probs[s, :deepest].tolist(), N, threshold), ids[s].tolist()
+            )
+            c = int(count[s])
+            assert c == len(want_ids)
+            assert drafts[s, :c].tolist() == want_ids and parents[s, :c].tolist() == want_parents
+
+
+def random_tree(py: random.Random, n: int, vocab: int) -> tuple[list[int], list[int]]:
+    parents, tokens, used = [], [], set()
+    for i in range(n):
+        while True:
+            p, t = py.randint(-1, i - 1), py.randrange(vocab)
+            if (p, t) not in used:
+                break
+        used.add((p, t))
+        parents.append(p)
+        tokens.append(t)
+    return parents, tokens
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_accept_tree_drafts_and_moves_equal_the_host_walk(seed):
+    py = random.Random(seed)
+    for _ in range(100):
+        S, K, vocab = py.randint(1, 5), py.randint(1, 20), py.choice([2, 3, 5])
+        trees = [random_tree(py, py.randint(0, K), vocab) for _ in range(S)]
+        num_drafts = [len(p) for p, _ in trees]
+        parents = torch.tensor([p + [-1] * (K - len(p)) for p, _ in trees])
+        drafts = torch.tensor([t + [0] * (K - len(t)) for _, t in trees])
+        starts, row = [], 0
+        for n in num_drafts:
+            starts.append(row)
+            row += 1 + n + py.randint(0, 2)
+        target = torch.randint(0, vocab, (row + K + 1,))
+        starts_t, nd = torch.tensor(starts), torch.tensor(num_drafts)
+        tokens, accepted, path = accept_tree_drafts(target, starts_t, nd, drafts, parents)
+        slots = torch.randperm(4000)[: S * (K + 1)].view(S, K + 1)
+        cache = torch.arange(4000) * 3
+        moved = cache.clone()
+        src, dst = tree_move_pairs(slots, path, accepted)
+        moved[dst] = cache[src]  # one gather, one scatter (duplicates carry equal values)
+        expect = cache.clone()
+        for s, ((tree, toks), start) in enumerate(zip(trees, starts)):
+            emitted, want_path = walk(tree, toks, target[start : start + 1 + len(tree)].tolist())
+            a = int(accepted[s])
+            assert (a, tokens[s, : a + 1].tolist(), path[s, :a].tolist()) == (
+                len(want_path),
+                emitted,
+                want_path,
+            )
+            for r_from, r_to in zip(*move_slots(want_path, 1)):
+                expect[slots[s, r_to]] = cache[slots[s, r_from]]
+        assert torch.equal(moved, expect)
+        chain = torch.tensor([[-1, *range(K - 1)]] * S)
+        tokens_c, accepted_c, path_c = accept_tree_drafts(target, starts_t, nd, drafts, chain)
+        tokens_d, accepted_d = accept_deterministic_drafts(target, starts_t, nd, drafts)
+        assert torch.equal(accepted_c, accepted_d)
+        for s in range(S):
+            a = int(accepted_c[s])
+            assert tokens_c[s, : a + 1].tolist() == tokens_d[s, : a + 1].tolist()
+            assert path_c[s, :a].tolist() == list(range(a))
+
+
+def test_cut_tree_keeps_a_tree():
+    parents = [-1, -1, 0, 1, 2, 0, 4]
+    ids = [10, 11, 12, 13, 14, 15, 16]
+    assert cut_tree(ids, parents, 7, 15) == (ids, parents)
+    assert cut_tree(ids, parents, 4, 15) == (ids[:4], parents[:4])
+    got_ids, got_parents = cut_tree(ids, parents, 7, 2)  # depths 1, 1, 2, 2, 3, 2, 4
+    assert got_ids == [10, 11, 12, 13, 15] and got_parents == [-1, -1, 0, 1, 0]
+    assert max(depths(got_parents)) == 2
+    assert cut_tree(ids, parents, 7, 0) == ([], [])
+
+
+# ---- the captured tail of tree steps (uncaptured on CPU) ----------------------------------------------------
+TREE = {
+    "method": "dflash",
+    "model": "smollm2-135m-instruct-dflash",
+    "execution": "decoupled",
+    "draft_tree_topk": 4,
+    "num_speculative_tokens": 15,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_tree_tail_equals_the_eager_device_side_step(plain_128, batch):
+    """Uncaptured decode graphs of batch sizes 1, 2, 4 (chains of 1, 2, 4, 8, 16 rows and a tree graph of 16)
+    and their tails: tree steps replay the tree graph's tail (batch 3: one dummy sequence), and every step's
+    emitted tokens and next trees equal the eager device-side path's, outputs plain decoding's."""
+    eng = spec_engine(TREE, max_num_seqs=4)
+    runner = eng.executor.runner
+    worker = runner.spec_worker
+    layers = tuple(worker.drafter.capture_layers)
+    sizes = [1, 2, 4]
+    runner.graphs = [DecodeGraphs(runner, sizes, capture=False)] + [
+        DecodeGraphs(runner, sizes, query_len=q, capture_layers=layers, capture=False)
+        for q in [1, *verification_query_lens(worker.drafter.max_chain_drafts)]
+    ]
+    runner.graphs.append(
+        DecodeGraphs(runner, sizes, query_len=16, capture_layers=layers, capture=False, tree=True)
+    )
+    runner.graphs.sort(key=lambda g: (g.q, g.tree))
+    worker.capture_fused(runner.graphs, capture=False)
+    assert (16, True) in worker.fused
+    prompts, want = plain_128
+    prompts, want = prompts[:batch], [w[:40] for w in want[:batch]]
+    params = SamplingParams(max_tokens=40, temperature=0)
+    runs = []
+    for fused in (True, False):
+        tails, steps, tree_tails = worker.fused, [], []
+        if not fused:
+            worker.fused = {}
+
+        def launch(inp, decode, tail, tree_tails=tree_tails, launch=worker._launch_fused):
+            tree_tails.append(tail.tree)
+            return launch(inp, decode, tail)
+
+        def note(inp, out, steps=steps):
+            steps.append((out.token_ids, out.draft_token_ids, out.draft_parents))
+
+        worker._launch_fused = launch
+        try:
+            with on_worker_outputs(worker, note):
+                outs = [o.token_ids for o in eng.generate(prompts, params)]
+        finally:
+            worker.fused = tails
+            del worker._launch_fused
+        runs.append((outs, steps, tree_tails))
+    (f_outs, f_steps, f_tails), (e_outs, e_steps, e_tails) = runs
+    assert f_outs == e_outs == want
+    assert f_steps == e_steps
+    assert sum(f_tails) > 3 and not e_tails  # tree steps ran the tree graph's tail
+    assert any(parents is not None for *_, parents in f_steps)
