@@ -16,13 +16,14 @@ import random
 import pytest
 import torch
 
-from configs import SamplingParams
+from configs import EngineConfig, SamplingParams
 from flexspec.engine.cuda_graphs import DecodeGraphs
+from flexspec.engine.llm_engine import LLMEngine
 from flexspec.engine.model_runner import verification_query_lens
 from flexspec.spec.tree import cut_tree, depths, move_slots, paths_to_tree, top_paths, walk
 from flexspec.spec.tree_device import accept_tree_drafts, top_paths_device, tree_move_pairs
 from flexspec.spec.verifier import accept_deterministic_drafts
-from tests.spec.conftest import on_worker_outputs, spec_engine
+from tests.spec.conftest import RAW_PROMPTS, on_worker_outputs, spec_engine
 
 
 def random_candidates(rng: torch.Generator, S: int, D: int, R: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +133,31 @@ TREE = {
 }
 
 
+def run_tree_steps(eng, prompts, params, fused: bool):
+    """Generate with the worker's fused tails (or none); returns outputs, every step's (emitted tokens, next
+    drafts, next parents) and, per fused step, whether it replayed a tree graph's tail."""
+    worker = eng.executor.runner.spec_worker
+    tails, steps, tree_tails = worker.fused, [], []
+    if not fused:
+        worker.fused = {}
+
+    def launch(inp, decode, tail, launch=worker._launch_fused):
+        tree_tails.append(tail.tree)
+        return launch(inp, decode, tail)
+
+    def note(inp, out):
+        steps.append((out.token_ids, out.draft_token_ids, out.draft_parents))
+
+    worker._launch_fused = launch
+    try:
+        with on_worker_outputs(worker, note):
+            outs = [o.token_ids for o in eng.generate(prompts, params)]
+    finally:
+        worker.fused = tails
+        del worker._launch_fused
+    return outs, steps, tree_tails
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 3])
 def test_fused_tree_tail_equals_the_eager_device_side_step(plain_128, batch):
@@ -156,29 +182,27 @@ def test_fused_tree_tail_equals_the_eager_device_side_step(plain_128, batch):
     prompts, want = plain_128
     prompts, want = prompts[:batch], [w[:40] for w in want[:batch]]
     params = SamplingParams(max_tokens=40, temperature=0)
-    runs = []
-    for fused in (True, False):
-        tails, steps, tree_tails = worker.fused, [], []
-        if not fused:
-            worker.fused = {}
-
-        def launch(inp, decode, tail, tree_tails=tree_tails, launch=worker._launch_fused):
-            tree_tails.append(tail.tree)
-            return launch(inp, decode, tail)
-
-        def note(inp, out, steps=steps):
-            steps.append((out.token_ids, out.draft_token_ids, out.draft_parents))
-
-        worker._launch_fused = launch
-        try:
-            with on_worker_outputs(worker, note):
-                outs = [o.token_ids for o in eng.generate(prompts, params)]
-        finally:
-            worker.fused = tails
-            del worker._launch_fused
-        runs.append((outs, steps, tree_tails))
-    (f_outs, f_steps, f_tails), (e_outs, e_steps, e_tails) = runs
+    f_outs, f_steps, f_tails = run_tree_steps(eng, prompts, params, True)
+    e_outs, e_steps, e_tails = run_tree_steps(eng, prompts, params, False)
     assert f_outs == e_outs == want
     assert f_steps == e_steps
     assert sum(f_tails) > 3 and not e_tails  # tree steps ran the tree graph's tail
     assert any(parents is not None for *_, parents in f_steps)
+
+
+@pytest.mark.gpu
+def test_captured_tree_tail_on_gpu_is_exact():
+    """On the GPU (fp32) the tree tails are captured: a batch of 5 (graphs of batch size 8) and a batch of 1 emit
+    plain decoding's tokens and the eager device-side path's; tree steps replay the tree graph's tail."""
+    args = {"device": "cuda", "dtype": "float32", "max_num_seqs": 8, "max_model_len": 1024}
+    eng = spec_engine(TREE, speculation_profile_steps=0, **args)
+    assert (16, True) in eng.executor.runner.spec_worker.fused, "no tree tail was captured"
+    plain = LLMEngine(EngineConfig(**args))
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    for batch in (RAW_PROMPTS, RAW_PROMPTS[:1]):
+        want = [o.token_ids for o in plain.generate(batch, params)]
+        f_outs, f_steps, f_tails = run_tree_steps(eng, batch, params, True)
+        e_outs, _, e_tails = run_tree_steps(eng, batch, params, False)
+        assert f_outs == e_outs == want
+        assert sum(f_tails) > 3 and not e_tails
+        assert any(parents is not None for *_, parents in f_steps)
