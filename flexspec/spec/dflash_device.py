@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from flexspec.spec.tree import cut_tree, is_chain
-from flexspec.spec.tree_device import top_paths_device
+from flexspec_kernels.tree_topk import tree_top_paths
 
 # Positions whose drafter context is written late: target KV slots (feature cache rows), positions, drafter slots.
 _Held = tuple[list[int], list[int], list[int]]
@@ -124,7 +124,7 @@ class DFlashDeviceStep:
         parents, nodes worth verifying [S] int64: those whose probability product stays >=
         ``verification_threshold``, at least one unless no depth fits). The host cuts each tree to the step's
         node budget (``device_tree_drafts``). Sync-free."""
-        drafts, parents, count = top_paths_device(
+        drafts, parents, count = tree_top_paths(
             top, self.num_speculative_tokens, self.config.verification_threshold, max_depth
         )
         return torch.cat([drafts, parents], 1), count

@@ -5,10 +5,8 @@ tree step can run as a chain step does (``SpecDecodeWorker``'s device-side path,
 the target's verification forward, then acceptance, the K/V moves, the drafter's context and its next tree, and
 one readback.
 
-- ``top_paths_device``: the N rank paths of highest probability product from a DFlash block's per-depth
-  top-R candidates (``flexspec.spec.tree.top_paths``' set and order, EAGLE-2's dynamic tree, arXiv 2406.16858).
-  The candidates of one depth do not depend on the path above them, so the best N nodes of depth d are among
-  the R children of the best N nodes of depth d - 1: a beam of width N over the depths, then one sort.
+- ``flexspec_kernels.tree_topk.tree_top_paths`` (one Triton launch; its torch reference beside it) builds the
+  trees: the N rank paths of highest probability product from a DFlash block's per-depth top-R candidates.
 - ``accept_tree_drafts``: greedy tree verification (``flexspec.spec.tree.walk``): a node is accepted when its
   token equals the target's token at its parent's row and so is every ancestor's (pointer jumping: log2(depth)
   rounds); siblings hold distinct tokens, so the accepted nodes form one path.
@@ -18,82 +16,9 @@ one readback.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from flexspec.spec.tree import tree_rows
-
-
-def top_paths_device(
-    top: torch.Tensor, budget: int, threshold: float = 0.0, max_depth: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per sequence, the ``budget`` rank paths of highest probability product, best first (parents before
-    children), as a tree.
-
-    Args:
-        top: [S, D, 2R] float64, per depth the R candidates' probabilities (sorted, highest first) then their
-            token ids (``DFlashDrafter._topk_block``).
-        budget: N, nodes per tree (>= 1).
-        threshold: keep only nodes whose probability product is >= this (always at least one node).
-        max_depth: [S] int64, the deepest node allowed per sequence (None: D); <= 0 leaves no node.
-
-    Returns:
-        drafts [S, N] int64 token ids, parents [S, N] int64 (-1: the root; ``parents[s, i] < i``), count [S]
-        int64 nodes kept (entries from ``count`` on are padding). Equal to
-        ``paths_to_tree(top_paths(probs[:max_depth], ...))`` when the products are distinct. Sync-free, fixed
-        shapes (captured in CUDA graphs).
-    """
-    S, D, R2 = top.shape
-    R = R2 // 2
-    logp = top[..., :R].log()  # [S, D, R]
-    if max_depth is not None:  # nodes too deep score -inf: never above a node that fits
-        allowed = torch.arange(D, device=top.device)[None, :] < max_depth[:, None]  # [S, D]
-        logp = logp.masked_fill(~allowed[..., None], -math.inf)
-    ids = top[..., R:].long()
-    depth_limit = min(D, budget)  # a path of N nodes is at most N deep
-    scores, parents, ranks = [], [], []  # per depth: the beam's [S, W_d]
-    beam = logp[:, 0, : min(budget, R)]
-    scores.append(beam)
-    parents.append(torch.full_like(beam, -1, dtype=torch.int64))
-    ranks.append(torch.arange(beam.shape[1], device=top.device).expand(S, -1))
-    for d in range(1, depth_limit):
-        cand = (beam[:, :, None] + logp[:, d, None, :]).reshape(S, -1)  # [S, W * R]
-        beam, idx = cand.topk(min(budget, cand.shape[1]), dim=1)  # sorted, highest first
-        scores.append(beam)
-        parents.append(idx // R)  # index in the previous depth's beam
-        ranks.append(idx % R)
-    widths = [s.shape[1] for s in scores]
-    offsets = [0]  # first global index of each depth
-    for w in widths[:-1]:
-        offsets.append(offsets[-1] + w)
-    all_scores = torch.cat(scores, 1)  # [S, M] depth-major: a stable sort puts a parent before an equal child
-    M = all_scores.shape[1]
-    n = min(budget, M)
-    order = torch.sort(all_scores, dim=1, descending=True, stable=True).indices[:, :n]  # [S, n]
-    dev = top.device  # per global index: its depth, and the first global index of the depth above (no copies
-    # from the host: this runs inside CUDA graph capture)
-    depth_of = torch.cat([torch.full((w,), d, dtype=torch.int64, device=dev) for d, w in enumerate(widths)])
-    above = torch.cat([torch.full((w,), offsets[max(d - 1, 0)], device=dev) for d, w in enumerate(widths)])
-    parent_global = torch.cat(parents, 1) + above  # [S, M] (-1 at depth 0)
-    parent_global = parent_global.clamp(min=0)
-    token_of = torch.cat([ids[:, d].gather(1, r) for d, r in enumerate(ranks)], 1)  # [S, M]
-    position = torch.full((S, M), n, dtype=torch.int64, device=top.device)  # global index -> tree index
-    position.scatter_(1, order, torch.arange(n, device=top.device).expand(S, -1))
-    sel_depth = depth_of[order]  # [S, n]
-    sel_parent = position.gather(1, parent_global.gather(1, order))
-    tree_parents = torch.where(sel_depth == 0, -1, sel_parent)
-    drafts = token_of.gather(1, order)
-    sel_scores = all_scores.gather(1, order)
-    count = (sel_scores > -math.inf).sum(1)  # [S] nodes that fit max_depth
-    if threshold > 0.0:
-        passing = (sel_scores >= math.log(threshold)).sum(1)
-        count = torch.minimum(passing.clamp(min=1), count)
-    if n < budget:  # fewer candidate nodes than the budget: pad
-        pad = budget - n
-        drafts = torch.cat([drafts, drafts.new_zeros(S, pad)], 1)
-        tree_parents = torch.cat([tree_parents, tree_parents.new_full((S, pad), -1)], 1)
-    return drafts, tree_parents, count
 
 
 def accept_tree_drafts(
@@ -148,10 +73,10 @@ def tree_move_pairs(
     node_slots = slots[:, 1:]
     src = node_slots.gather(1, path).reshape(-1)
     dst = node_slots.reshape(-1)
-    g = real.to(torch.int32).argmax()  # a real move if there is any (argmax: the first maximum)
-    any_real = real[g]
-    src_g = torch.where(any_real, src[g], 0)
-    dst_g = torch.where(any_real, dst[g], 0)
+    g = real.to(torch.int32).argmax().view(1)  # a real move if there is any (argmax: the first maximum)
+    any_real = real.index_select(0, g)  # [1] (indexing with a 0-d tensor would read it on the host)
+    src_g = torch.where(any_real, src.index_select(0, g), 0)
+    dst_g = torch.where(any_real, dst.index_select(0, g), 0)
     return torch.where(real, src, src_g), torch.where(real, dst, dst_g)
 
 

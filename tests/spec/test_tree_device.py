@@ -2,8 +2,7 @@
 and the captured tail of a tree step (``FusedVerifyGraphs`` over a tree decode graph, uncaptured on CPU) against
 the eager device-side step, step for step.
 
-- ``top_paths_device`` = ``paths_to_tree(top_paths(...))`` on random per-depth candidates (distinct products),
-  with thresholds, depth limits (none, partial, 0) and budgets above the number of candidate nodes.
+- (``flexspec_kernels.tree_topk``, which builds the trees: tests/kernels/test_tree_topk.py)
 - ``accept_tree_drafts`` = ``walk`` on random trees (siblings distinct, random target tokens), and on chains =
   ``accept_deterministic_drafts``; ``tree_move_pairs`` applied as one gather + scatter = ``move_slots``' moves.
 - ``cut_tree`` keeps a tree, renumbers parents.
@@ -20,40 +19,10 @@ from configs import EngineConfig, SamplingParams
 from flexspec.engine.cuda_graphs import DecodeGraphs
 from flexspec.engine.llm_engine import LLMEngine
 from flexspec.engine.model_runner import verification_query_lens
-from flexspec.spec.tree import cut_tree, depths, move_slots, paths_to_tree, top_paths, walk
-from flexspec.spec.tree_device import accept_tree_drafts, top_paths_device, tree_move_pairs
+from flexspec.spec.tree import cut_tree, depths, move_slots, walk
+from flexspec.spec.tree_device import accept_tree_drafts, tree_move_pairs
 from flexspec.spec.verifier import accept_deterministic_drafts
 from tests.spec.conftest import RAW_PROMPTS, on_worker_outputs, spec_engine
-
-
-def random_candidates(rng: torch.Generator, S: int, D: int, R: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[S, D, R] sorted probabilities (each depth's sum < 1) and distinct token ids per depth."""
-    p = torch.rand(S, D, R, generator=rng, dtype=torch.float64) + 1e-3
-    p = p / p.sum(-1, keepdim=True) * torch.rand(S, D, 1, generator=rng, dtype=torch.float64).clamp(min=0.05)
-    ids = torch.stack([torch.randperm(100, generator=rng)[:R] for _ in range(S * D)]).view(S, D, R)
-    return p.sort(-1, descending=True).values, ids
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_top_paths_device_equals_the_host_search(seed):
-    rng = torch.Generator().manual_seed(seed)
-    py = random.Random(seed)
-    for _ in range(40):
-        S, D, R, N = py.randint(1, 4), py.randint(1, 7), py.randint(1, 6), py.randint(1, 40)
-        threshold = py.choice([0.0, 0.001, 0.05, 0.3])
-        probs, ids = random_candidates(rng, S, D, R)
-        max_depth = None if py.random() < 0.3 else torch.randint(-1, D + 2, (S,), generator=rng)
-        top = torch.cat([probs, ids.double()], -1)
-        drafts, parents, count = top_paths_device(top, N, threshold, max_depth)
-        assert drafts.shape == parents.shape == (S, N)
-        for s in range(S):
-            deepest = D if max_depth is None else max(int(max_depth[s]), 0)
-            want_ids, want_parents = paths_to_tree(
-                top_paths(probs[s, :deepest].tolist(), N, threshold), ids[s].tolist()
-            )
-            c = int(count[s])
-            assert c == len(want_ids)
-            assert drafts[s, :c].tolist() == want_ids and parents[s, :c].tolist() == want_parents
 
 
 def random_tree(py: random.Random, n: int, vocab: int) -> tuple[list[int], list[int]]:
