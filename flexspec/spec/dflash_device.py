@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from flexspec.spec.tree import cut_tree, is_chain
-from flexspec_kernels.tree_topk import tree_top_paths
+from flexspec_kernels.draft_tree import tree_top_paths
 
 # Positions whose drafter context is written late: target KV slots (feature cache rows), positions, drafter slots.
 _Held = tuple[list[int], list[int], list[int]]

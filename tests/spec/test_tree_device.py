@@ -2,7 +2,7 @@
 and the captured tail of a tree step (``FusedVerifyGraphs`` over a tree decode graph, uncaptured on CPU) against
 the eager device-side step, step for step.
 
-- (``flexspec_kernels.tree_topk``, which builds the trees: tests/kernels/test_tree_topk.py)
+- (``flexspec_kernels.draft_tree``'s kernels: tests/kernels/test_draft_tree_kernels.py)
 - ``accept_tree_drafts`` = ``walk`` on random trees (siblings distinct, random target tokens), and on chains =
   ``accept_deterministic_drafts``; ``tree_move_pairs`` applied as one gather + scatter = ``move_slots``' moves.
 - ``cut_tree`` keeps a tree, renumbers parents.
@@ -20,8 +20,9 @@ from flexspec.engine.cuda_graphs import DecodeGraphs
 from flexspec.engine.llm_engine import LLMEngine
 from flexspec.engine.model_runner import verification_query_lens
 from flexspec.spec.tree import cut_tree, depths, move_slots, walk
-from flexspec.spec.tree_device import accept_tree_drafts, tree_move_pairs
+from flexspec.spec.tree_device import tree_move_pairs
 from flexspec.spec.verifier import accept_deterministic_drafts
+from flexspec_kernels.draft_tree import accept_tree_drafts
 from tests.spec.conftest import RAW_PROMPTS, on_worker_outputs, spec_engine
 
 

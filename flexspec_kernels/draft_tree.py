@@ -1,4 +1,5 @@
-"""Draft-tree construction from a block drafter's per-depth candidates, in one Triton launch.
+"""Draft trees on the device: construction from a block drafter's per-depth candidates (``tree_top_paths``) and
+greedy verification (``accept_tree_drafts``), each in one Triton launch with a plain-torch reference.
 
 A DFlash block proposes, at each of its D depths, R candidate tokens with their probabilities; the candidates of
 one depth do not depend on the path above them. The tree of N nodes with the highest path probability products
@@ -12,6 +13,12 @@ depths, ~0.35 ms of a batch-1 step on an H100 in session 35's profile); ``tree_t
 program per sequence: per depth, the W x R candidate sums are packed into int64 sort keys (the fp32 score's
 order-preserving bits, then the candidate index) and sorted with ``tl.sort``; the beams live in a small scratch
 buffer. Scores are fp32 log-probabilities there (fp64 in the reference): near-ties may order differently.
+
+``accept_tree_drafts``: a node is accepted when its token equals the target's token at its parent's row and so
+is every ancestor's; siblings hold distinct tokens, so the accepted nodes form one path (SpecInfer's tree
+verification, arXiv 2305.09781, greedy). Both versions propagate along parent pointers by pointer jumping
+(log2(K) + 1 rounds); the kernel, one program per sequence, gathers through [K, K] one-hot comparisons in
+registers.
 """
 
 from __future__ import annotations
@@ -244,3 +251,134 @@ def tree_top_paths(
     if (backend == "auto" and top.is_cuda and fits) or (backend != "auto" and use_triton(backend, top)):
         return tree_top_paths_triton(top, budget, threshold, max_depth)
     return tree_top_paths_ref(top, budget, threshold, max_depth)
+
+
+def accept_tree_drafts_ref(
+    target_tokens: torch.Tensor,  # [N] int64: what plain decoding samples at each logits row
+    starts: torch.Tensor,  # [S] int64: each sequence's root row (its query's first logits row)
+    num_drafts: torch.Tensor,  # [S] int64: tree nodes verified per sequence (<= K)
+    drafts: torch.Tensor,  # [S, K] int64: node tokens (columns past num_drafts ignored)
+    parents: torch.Tensor,  # [S, K] int64: node parents (-1: root); a chain is [-1, 0, 1, ..]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Plain-torch reference of :func:`accept_tree_drafts` (pointer jumping: ~60 small launches at K = 15).
+
+    Node i of sequence s sits at logits row ``starts[s] + 1 + i``. Returns tokens [S, K + 1] int64 (the target's
+    token at the root row, then at the rows of the accepted path's nodes; the step emits ``tokens[s, :a + 1]``),
+    accepted [S] int64 (a = the accepted path's length), path [S, K] int64 (the accepted node of depth k + 1 at
+    column k for k < a; k itself beyond). For a chain this is ``accept_deterministic_drafts``."""
+    S, K = drafts.shape
+    dev = drafts.device
+    col = torch.arange(K, device=dev)
+    valid = col < num_drafts[:, None]  # [S, K]
+    parent_rows = starts[:, None] + 1 + parents  # the root's row for parent -1
+    match = (drafts == target_tokens[parent_rows]) & valid
+    ok, depth, jump = match, torch.ones_like(parents), parents
+    for _ in range(max(K, 1).bit_length()):  # ok: the node and all its ancestors matched
+        has = jump >= 0
+        j = jump.clamp(min=0)
+        ok = ok & torch.where(has, ok.gather(1, j), True)
+        depth = depth + torch.where(has, depth.gather(1, j), 0)
+        jump = torch.where(has, jump.gather(1, j), -1)
+    accepted = ok.sum(1)  # [S] one accepted node per depth
+    path = torch.cat([col.expand(S, -1), col.new_zeros(S, 1)], 1)  # [S, K + 1], last column: discarded
+    path.scatter_(1, torch.where(ok, depth - 1, K), col.expand(S, -1))
+    path = path[:, :K]
+    k = torch.arange(K + 1, device=dev)
+    last = torch.minimum(k[None, :], accepted[:, None])  # rows past the path repeat its last one
+    node = path.gather(1, (last - 1).clamp(min=0))
+    rows = starts[:, None] + torch.where(last == 0, 0, 1 + node)
+    return target_tokens[rows], accepted, path
+
+
+@triton.jit
+def _take(values, index, n: tl.constexpr):
+    """values[index] for a register vector ``values`` [n] (0 where ``index`` is out of 0 .. n-1), by a one-hot
+    [len(index), n] comparison."""
+    cols = tl.arange(0, n)
+    return tl.sum(tl.where(index[:, None] == cols[None, :], values[None, :], 0), axis=1)
+
+
+@triton.jit
+def _accept_tree_kernel(
+    target_ptr, starts_ptr, num_drafts_ptr, drafts_ptr, parents_ptr, tokens_ptr, accepted_ptr, path_ptr,
+    K, KP: tl.constexpr, KP1: tl.constexpr, ROUNDS: tl.constexpr,
+):  # fmt: skip
+    s = tl.program_id(0).to(tl.int64)
+    start = tl.load(starts_ptr + s)
+    i = tl.arange(0, KP)
+    in_k = i < K
+    valid = i < tl.load(num_drafts_ptr + s)
+    parent = tl.load(parents_ptr + s * K + i, mask=in_k, other=-1).to(tl.int32)
+    draft = tl.load(drafts_ptr + s * K + i, mask=in_k, other=0)
+    parent_token = tl.load(target_ptr + start + 1 + parent, mask=valid, other=-1)
+    ok = (valid & (draft == parent_token)).to(tl.int32)
+    depth = tl.full([KP], 1, tl.int32)
+    jump = parent
+    for _ in tl.static_range(ROUNDS):  # ok: the node and every ancestor matched; depth: 1 + ancestors
+        has = jump >= 0
+        ok = tl.where(has, ok * _take(ok, jump, KP), ok)
+        depth = depth + tl.where(has, _take(depth, jump, KP), 0)
+        jump = tl.where(has, _take(jump, jump, KP), -1)
+    accepted = tl.sum(ok, 0)
+    on_path = (ok[None, :] > 0) & (
+        depth[None, :] - 1 == i[:, None]
+    )  # [k, node]: the accepted node of depth k+1
+    found = tl.sum(on_path.to(tl.int32), axis=1)
+    path = tl.where(found > 0, tl.sum(tl.where(on_path, i[None, :], 0), axis=1), i)
+    tl.store(path_ptr + s * K + i, path.to(tl.int64), mask=in_k)
+    k = tl.arange(0, KP1)
+    last = tl.minimum(k, accepted)  # rows past the path repeat its last one
+    node = _take(path, last - 1, KP)
+    row = start + tl.where(last == 0, 0, 1 + node)
+    tl.store(tokens_ptr + s * (K + 1) + k, tl.load(target_ptr + row, mask=k <= K, other=0), mask=k <= K)
+    tl.store(accepted_ptr + s, accepted.to(tl.int64))
+
+
+def accept_tree_drafts_triton(
+    target_tokens: torch.Tensor,
+    starts: torch.Tensor,
+    num_drafts: torch.Tensor,
+    drafts: torch.Tensor,
+    parents: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton launcher of :func:`accept_tree_drafts` (one program per sequence; K <= 64, else ValueError)."""
+    S, K = drafts.shape
+    if K > 64:
+        raise ValueError(f"accept_tree_drafts_triton: {K} nodes per tree (64 at most)")
+    dev = drafts.device
+    tokens = torch.empty(S, K + 1, dtype=torch.int64, device=dev)
+    accepted = torch.empty(S, dtype=torch.int64, device=dev)
+    path = torch.empty(S, K, dtype=torch.int64, device=dev)
+    if S == 0:
+        return tokens, accepted, path
+    KP = triton.next_power_of_2(max(K, 1))
+    _accept_tree_kernel[(S,)](
+        target_tokens, starts, num_drafts, drafts.contiguous(), parents.contiguous(), tokens, accepted, path,
+        K, KP=KP, KP1=triton.next_power_of_2(K + 1), ROUNDS=KP.bit_length(), num_warps=4,
+    )  # fmt: skip
+    return tokens, accepted, path
+
+
+def accept_tree_drafts(
+    target_tokens: torch.Tensor,  # [N] int64: what plain decoding samples at each logits row
+    starts: torch.Tensor,  # [S] int64: each sequence's root row (its query's first logits row)
+    num_drafts: torch.Tensor,  # [S] int64: tree nodes verified per sequence (<= K)
+    drafts: torch.Tensor,  # [S, K] int64: node tokens (columns past num_drafts ignored)
+    parents: torch.Tensor,  # [S, K] int64: node parents (-1: root); a chain is [-1, 0, 1, ..]
+    backend: Backend = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy verification of draft trees on the device, without a host sync (``flexspec.spec.tree.walk``).
+
+    Node i of sequence s sits at logits row ``starts[s] + 1 + i``; parents must be a tree in topological order
+    (``parents[s, i] < i``) over the first ``num_drafts[s]`` nodes. Returns tokens [S, K + 1] int64 (the target's
+    token at the root row, then at the rows of the accepted path's nodes; the step emits ``tokens[s, :a + 1]``),
+    accepted [S] int64 (a = the accepted path's length), path [S, K] int64 (the accepted node of depth k + 1 at
+    column k for k < a; k itself beyond). For a chain this is ``accept_deterministic_drafts``
+    (``flexspec.spec.verifier``). ``backend``: "auto" (Triton for CUDA tensors, K <= 64), "triton", "torch".
+    """
+    K = drafts.shape[1]
+    if (backend == "auto" and drafts.is_cuda and K <= 64) or (
+        backend != "auto" and use_triton(backend, drafts)
+    ):
+        return accept_tree_drafts_triton(target_tokens, starts, num_drafts, drafts, parents)
+    return accept_tree_drafts_ref(target_tokens, starts, num_drafts, drafts, parents)

@@ -1,8 +1,11 @@
-"""Draft-tree construction (``flexspec_kernels.tree_topk``): the torch reference and the Triton kernel (under
-the interpreter on CPU) against the host's best-first search (``flexspec.spec.tree.top_paths`` +
-``paths_to_tree``) on random per-depth candidates with distinct products: budgets below and above the number of
-candidate nodes, thresholds, per-sequence depth limits (none, partial, 0 or below); and the kernel's size
-limits."""
+"""Draft trees on the device (``flexspec_kernels.draft_tree``).
+
+- Construction: the torch reference and the Triton kernel (under the interpreter on CPU) against the host's
+  best-first search (``flexspec.spec.tree.top_paths`` + ``paths_to_tree``) on random per-depth candidates with
+  distinct products: budgets below and above the number of candidate nodes, thresholds, per-sequence depth
+  limits (none, partial, 0 or below); the kernel's size limits.
+- Verification: the Triton kernel against the torch reference on random trees of 1-62 nodes, cut or not.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,13 @@ import pytest
 import torch
 
 from flexspec.spec.tree import paths_to_tree, top_paths
-from flexspec_kernels.tree_topk import tree_top_paths, tree_top_paths_ref, tree_top_paths_triton
+from flexspec_kernels.draft_tree import (
+    accept_tree_drafts_ref,
+    accept_tree_drafts_triton,
+    tree_top_paths,
+    tree_top_paths_ref,
+    tree_top_paths_triton,
+)
 
 
 def random_candidates(rng: torch.Generator, S: int, D: int, R: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,3 +79,45 @@ def test_dispatch_and_limits(device):
         2,
         15,
     )  # auto: the reference beyond the kernel's sizes
+
+
+def random_trees(py: random.Random, S: int, K: int, vocab: int) -> tuple[list, list, list[int]]:
+    """S trees of up to K nodes (siblings hold distinct tokens), padded to K: (parents, tokens, node counts)."""
+    parents, tokens, sizes = [], [], []
+    for _ in range(S):
+        n, par, tok, used = py.randint(0, K), [], [], set()
+        for i in range(n):
+            while True:
+                p, t = py.randint(-1, i - 1), py.randrange(vocab)
+                if (p, t) not in used:
+                    break
+            used.add((p, t))
+            par.append(p)
+            tok.append(t)
+        parents.append(par + [-1] * (K - n))
+        tokens.append(tok + [0] * (K - n))
+        sizes.append(n)
+    return parents, tokens, sizes
+
+
+@pytest.mark.parametrize("K", [1, 7, 15, 31, 62])
+def test_accept_tree_drafts_triton_equals_the_reference(K, device):
+    """The reference equals the host walk (tests/spec/test_tree_device.py); the kernel equals the reference on
+    every column that means something: tokens[:a + 1], accepted, path[:a] (and path = k beyond)."""
+    py = random.Random(K)
+    for _ in range(4 if device.type == "cpu" else 30):
+        S, vocab = py.randint(1, 5), py.choice([2, 3, 5])
+        parents, tokens, sizes = random_trees(py, S, K, vocab)
+        num_drafts = [py.randint(0, n) if py.random() < 0.3 else n for n in sizes]  # some cut to a prefix
+        starts = [s * (K + 3) for s in range(S)]
+        target = torch.randint(0, vocab, (S * (K + 3) + 1,), generator=torch.Generator().manual_seed(K))
+        args = [torch.tensor(x) for x in (starts, num_drafts, tokens, parents)]
+        want = accept_tree_drafts_ref(target, *args)
+        got = accept_tree_drafts_triton(target.to(device), *(a.to(device) for a in args))
+        tokens_w, accepted_w, path_w = want
+        tokens_g, accepted_g, path_g = (g.cpu() for g in got)
+        assert torch.equal(accepted_g, accepted_w)
+        assert torch.equal(path_g, path_w)
+        for s in range(S):
+            a = int(accepted_w[s])
+            assert tokens_g[s, : a + 1].tolist() == tokens_w[s, : a + 1].tolist()
