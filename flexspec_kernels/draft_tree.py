@@ -215,7 +215,7 @@ def tree_top_paths_triton(
     pos = torch.empty(S, DP * NP, dtype=torch.int32, device=dev)
     has_depth = max_depth is not None
     _tree_top_paths_kernel[(S,)](
-        top.contiguous(), max_depth if has_depth else count, drafts, parents, count,
+        top.contiguous(), max_depth.contiguous() if has_depth else count, drafts, parents, count,
         keys, scores, beam_parent, beam_rank, pos,
         D, R, budget, math.log(threshold) if threshold > 0.0 else 0.0,
         HAS_DEPTH=has_depth, HAS_THRESHOLD=threshold > 0.0, NP=NP, RP=RP, DP=DP, KEYS=keys_width,
@@ -352,8 +352,9 @@ def accept_tree_drafts_triton(
     if S == 0:
         return tokens, accepted, path
     KP = triton.next_power_of_2(max(K, 1))
-    _accept_tree_kernel[(S,)](
-        target_tokens, starts, num_drafts, drafts.contiguous(), parents.contiguous(), tokens, accepted, path,
+    _accept_tree_kernel[(S,)](  # unit strides assumed (the fused tail passes columns of its staged rows)
+        target_tokens.contiguous(), starts.contiguous(), num_drafts.contiguous(), drafts.contiguous(),
+        parents.contiguous(), tokens, accepted, path,
         K, KP=KP, KP1=triton.next_power_of_2(K + 1), ROUNDS=KP.bit_length(), num_warps=4,
     )  # fmt: skip
     return tokens, accepted, path

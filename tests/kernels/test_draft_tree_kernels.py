@@ -39,7 +39,7 @@ def check(fn, seed: int, cases: int, device, max_depth_: int = 15, max_nodes: in
         S, D, R, N = py.randint(1, 4), py.randint(1, max_depth_), py.randint(1, 6), py.randint(1, max_nodes)
         threshold = py.choice([0.0, 0.001, 0.05, 0.3])
         probs, ids = random_candidates(rng, S, D, R)
-        max_depth = None if py.random() < 0.3 else torch.randint(-1, D + 2, (S,), generator=rng)
+        max_depth = None if py.random() < 0.3 else torch.randint(-1, D + 2, (S, 2), generator=rng)[:, 0]
         top = torch.cat([probs, ids.double()], -1)
         drafts, parents, count = fn(
             top.to(device), N, threshold, None if max_depth is None else max_depth.to(device)
@@ -113,7 +113,11 @@ def test_accept_tree_drafts_triton_equals_the_reference(K, device):
         target = torch.randint(0, vocab, (S * (K + 3) + 1,), generator=torch.Generator().manual_seed(K))
         args = [torch.tensor(x) for x in (starts, num_drafts, tokens, parents)]
         want = accept_tree_drafts_ref(target, *args)
-        got = accept_tree_drafts_triton(target.to(device), *(a.to(device) for a in args))
+        # strided inputs, as the fused tail passes them: columns of its staged int64 rows
+        staged = torch.cat([args[0][:, None], args[1][:, None], args[2], args[3]], 1).to(device)
+        strided = (staged[:, 0], staged[:, 1], staged[:, 2 : 2 + K], staged[:, 2 + K :])
+        assert not strided[1].is_contiguous() or S == 1
+        got = accept_tree_drafts_triton(target.to(device), *strided)
         tokens_w, accepted_w, path_w = want
         tokens_g, accepted_g, path_g = (g.cpu() for g in got)
         assert torch.equal(accepted_g, accepted_w)
