@@ -103,8 +103,8 @@ class DFlashConfig(_SpecBase):
         le=16,
         description="Draft trees: candidates per depth (1 = a chain of the block's argmax drafts). Above 1, "
         "each step verifies a dynamic tree of num_speculative_tokens nodes (up to 64): the paths of highest "
-        "draft-probability product over the block's top candidates (EAGLE-2 style), verified on the host; "
-        "arriving prompts are then prefilled in steps of their own (as with separate_prefill_steps).",
+        "draft-probability product over the block's top candidates (EAGLE-2 style), built and verified on "
+        "the device; arriving prompts are then prefilled in steps of their own (as with separate_prefill_steps).",
     )
     defer_context: bool = Field(
         True,

@@ -99,6 +99,10 @@ class LLMEngine(AsyncSchedulingMixin):
         worker = getattr(getattr(self.executor, "runner", None), "spec_worker", None)
         if worker is not None:  # in-process drafter: it reads our token lists instead of keeping copies
             worker.token_source = self._token_ids_of
+            if self.policy is not None:  # a draft tree of 62 nodes accepts at most a block's depth per step
+                self.policy.max_chain_drafts = min(
+                    self.policy.max_chain_drafts, worker.drafter.max_chain_drafts
+                )
         self._finished_seq_ids: list[int] = []
         self.last_mode = "plain"  # execution mode the policy chose for the latest step
         self.last_step_seconds = 0.0

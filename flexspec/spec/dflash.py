@@ -28,6 +28,7 @@ under memory pressure) still draft — worse drafts, same output.
 
 from __future__ import annotations
 
+import logging
 from typing import ClassVar
 
 import torch
@@ -44,6 +45,8 @@ from flexspec.spec.models.draft_kv import DraftKVCache
 from flexspec.spec.registry import register
 from flexspec.spec.tree import is_chain, paths_to_tree, top_paths
 from flexspec_kernels import pack_masks
+
+log = logging.getLogger(__name__)
 
 
 @register
@@ -74,6 +77,12 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         # Draft trees (``draft_tree_topk`` > 1): num_speculative_tokens counts tree nodes, of depth <= B - 1.
         self.tree_topk: int = getattr(config, "draft_tree_topk", 1)
         limit = 64 if self.tree_topk > 1 else self.block_size - 1
+        if config.num_speculative_tokens > limit:  # trees: the config's own bound (64) is the limit
+            log.warning(
+                "%s: num_speculative_tokens %d, but a chain of block size %d holds %d drafts: using %d "
+                "(draft_tree_topk > 1 drafts trees of up to 64 nodes)",
+                self.method, config.num_speculative_tokens, self.block_size, limit, limit,
+            )  # fmt: skip
         self.num_speculative_tokens = min(config.num_speculative_tokens, limit)
         layers = sorted(set(cfg.target_layer_ids))
         self._capture = tuple(layers)

@@ -160,6 +160,9 @@ class SpeculationPolicy:
     num_verifications: int = 0  # of all requests (MIN_PRIOR_VERIFICATIONS)
     prior_weight: float = 0.0  # verifications G stands for: + 1 per verification up to PRIOR_WINDOW, aged
     num_decisions: int = 0  # auto decisions of every bucket: the clock of step-time staleness
+    # the most drafts one step can accept: num_speculative_tokens for chains, a draft tree's depth limit when the
+    # engine knows its drafter's (in-process: ``Drafter.max_chain_drafts``); bounds the prior and the warm-up
+    max_chain_drafts: int = 0
     # decisions run before every step: what they look up is cached (host time of a host-bound b=64 step counts)
     _warmed: bool = False  # every option has WARMUP_SAMPLES step times
     _nearest_cache: dict[tuple[str, int], int | None] = field(default_factory=dict)
@@ -172,6 +175,7 @@ class SpeculationPolicy:
         if spec.execution == "parallel" and spec.method != "flexdraft":
             raise ValueError(f"execution 'parallel' needs method 'flexdraft', not {spec.method!r}")
         self.options = ["plain", "decoupled"] + (["parallel"] if spec.method == "flexdraft" else [])
+        self.max_chain_drafts = self.max_chain_drafts or spec.num_speculative_tokens
 
     # ---- decisions ------------------------------------------------------------------------------------------
     def decide(self, sched: SchedulerOutput) -> Decision:
@@ -260,13 +264,13 @@ class SpeculationPolicy:
     def prior(self) -> float:
         """G: the population's MAL, for requests with no (or stale) evidence of their own (see the module doc):
         the running mean of the requests' verifications once ``MIN_PRIOR_VERIFICATIONS`` were reported, 1 + k
-        (every draft accepted) before; 1 + the per-position acceptance for callers that report steps
-        (``observe``) but no requests (``observe_request``)."""
+        (every draft of the longest path accepted: ``max_chain_drafts``) before; 1 + the per-position
+        acceptance for callers that report steps (``observe``) but no requests (``observe_request``)."""
         g = self.prior_tokens_per_step
         if g is None and self.acceptance:
             return self.expected_tokens_per_step("decoupled")
         if g is None or self.num_verifications < tuning.MIN_PRIOR_VERIFICATIONS:
-            return 1.0 + self.spec.num_speculative_tokens
+            return 1.0 + self.max_chain_drafts
         return g
 
     def request_tokens_per_step(self, seq, prior: float | None = None) -> float:

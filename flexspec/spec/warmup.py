@@ -48,7 +48,7 @@ def profile_speculation(
     prompt = engine.encode(_PROFILE_PROMPT)
     if getattr(engine.tokenizer, "chat_template", None):
         prompt = engine.apply_chat_template([{"role": "user", "content": _PROFILE_PROMPT}])
-    k = policy.spec.num_speculative_tokens
+    k = policy.max_chain_drafts  # the most tokens a step emits, less 1 (a tree's depth, not its node count)
     modes = list(policy.options)
     room = cfg.max_model_len - len(prompt) - 1
     max_tokens = min(len(modes) * (steps_per_mode + 3) * (k + 1) + 8, room)

@@ -16,6 +16,8 @@ Checks (``flexspec.spec.tree`` itself: tests/spec/test_tree_utils.py):
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 
 import pytest
 from pydantic import ValidationError
@@ -255,6 +257,17 @@ def test_tree_nodes_and_chain_limit(tree8):
     drafter = tree8.executor.runner.spec_worker.drafter
     assert (drafter.num_speculative_tokens, drafter.max_chain_drafts) == (31, 15)
     assert drafter.proposes_on_device and drafter.device_trees  # trees are built on the device
+    # the policy's optimistic prior (before any verification) is a path of the block's depth, not 1 + 31 nodes
+    policy = copy.copy(tree8.policy)
+    policy.prior_tokens_per_step, policy.acceptance = None, []
+    assert policy.max_chain_drafts == 15 and policy.prior() == 16.0
+
+
+def test_chain_longer_than_the_block_is_cut_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="flexspec.spec.dflash"):
+        eng = spec_engine(dflash(1, 31))
+    assert eng.executor.runner.spec_worker.drafter.num_speculative_tokens == 15
+    assert "num_speculative_tokens 31" in caplog.text and "using 15" in caplog.text
 
 
 def test_tree_mal_beats_the_chain(greedy_runs, ref):
