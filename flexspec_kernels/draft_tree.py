@@ -244,7 +244,8 @@ def tree_top_paths(
 
     Returns:
         drafts [S, N] int64 token ids, parents [S, N] int64 (-1: the root; ``parents[s, i] < i``), count [S] int64
-        nodes kept (entries from ``count`` on are padding). Sync-free, fixed shapes (captured in CUDA graphs).
+        nodes kept (entries from ``count`` on are padding; nodes of probability 0 are never kept, where the host's
+        ``top_paths`` fills its budget with them). Sync-free, fixed shapes (captured in CUDA graphs).
     """
     D, R2 = top.shape[1:]
     fits = budget <= 64 and R2 // 2 <= 16 and D <= 16

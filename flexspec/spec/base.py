@@ -130,6 +130,7 @@ class Drafter(ABC):
         tokens: torch.Tensor,  # [S, K + 1] int64: the target's token at each of the sequence's logits rows
         accepted: torch.Tensor,  # [S] int64: accepted drafts a (the step emits tokens[s, :a + 1])
         captured: list[torch.Tensor],  # ``capture_layers`` outputs for the step's rows, [>= T, H] each
+        path: torch.Tensor | None = None,  # [S, K] int64 accepted tree nodes (``device_trees`` drafters only)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [S, D] int64, keep [S] int64
         """Drafts for the next step of ``proposes_on_device`` drafters, enqueued without a host sync: the
         committed tokens of sequence s are its inputs 0 .. a (positions ``context_lens[s] ..``) plus the new
@@ -140,7 +141,9 @@ class Drafter(ABC):
         Some queries may be prompt chunks (chunked prefill in a speculative batch: no drafts,
         every input committed): a chunk that ends its prompt emits ``tokens[s, 0]`` (its last row's logits),
         the others emit nothing (``inp.samples[s]`` False; their ``tokens`` rows are meaningless and their
-        drafts are dropped)."""
+        drafts are dropped). After a step that verified draft trees, ``path[s, k]`` is the accepted node of depth
+        k + 1 (``flexspec_kernels.draft_tree.accept_tree_drafts``): its row holds position ``context_lens[s] + 1
+        + k``'s hidden states."""
         raise NotImplementedError(f"{type(self).__name__} does not draft on the device")
 
     def observe_plain_step(self, inp, captured: list[torch.Tensor]) -> None:

@@ -21,9 +21,9 @@ from flexspec_kernels.draft_tree import tree_top_paths
 
 # Positions whose drafter context is written late: target KV slots (feature cache rows), positions, drafter slots.
 _Held = tuple[list[int], list[int], list[int]]
-# ``plan_device_step``'s meta row: context_len, query_len, first row, cache ready, num drafts, emits, room (the
-# most tokens the sequence may emit after this step's committed inputs, less 1: its next tree's depth limit
-# plus its accepted drafts).
+# ``plan_device_step``'s meta row: context_len, query_len, first row, cache ready, num drafts, emits, room
+# (max_len - context_len - query_len + num drafts - 2: the next tree's depth limit plus this step's accepted
+# drafts, as ``SpecDecodeWorker._draft_inputs`` counts the room left).
 META_COLS = 7
 
 
@@ -242,6 +242,9 @@ class DFlashDeviceStep:
         bs = self.cache.block_size
         slots = table[seq, (pos // bs).clamp(max=table.shape[1] - 1)] * bs + pos % bs
         slots = torch.where((j < committed[seq]) & ready[seq], slots, -1)
+        # rows written nowhere keep a position the rotary table holds: a tree graph's padded rows (q up to 63)
+        # near max_model_len would reach past its max_model_len + B rows
+        pos = torch.where(slots >= 0, pos, 0)
         feats = torch.cat([captured[i][:num_tokens] for i in self._feature_index], -1)
         if path is not None and path.shape[1]:
             node = j - node_start[seq]  # [T] the row's node index (< 0: the root or a committed input)

@@ -9,8 +9,8 @@ has a fixed shape per (q, batch size) and is captured here, reading the decode g
 place: the step becomes two graph replays, two staged input copies (one per graph) and the readback.
 
 Same results as the eager device-side path (``SpecDecodeWorker._launch_on_device``): target tokens by argmax
-(all-greedy steps only), drafts accepted iff equal to them (``accept_deterministic_drafts``), the drafter's
-``fused_tail`` for context and block. Vocabulary as vLLM's "full CUDA graph" mode for speculative decoding
+(all-greedy steps only), drafts accepted iff equal to them (``accept_deterministic_drafts``; draft trees:
+``accept_tree_drafts`` and the accepted nodes' K/V moves), the drafter's ``fused_tail`` for context and block. Vocabulary as vLLM's "full CUDA graph" mode for speculative decoding
 (vllm/v1/worker/gpu_model_runner.py), where sampling and the drafter stay outside the target's graph.
 """
 
@@ -100,7 +100,7 @@ class FusedVerifyGraphs:
     def run(
         self, inp: ModelInput, bs: int, meta_rows: list[list[int]], tables: list[list[int]]
     ) -> torch.Tensor:
-        """Stage ``plan_device_step``'s ``meta_rows`` [S, 6] and drafter block ``tables`` (at most
+        """Stage ``plan_device_step``'s ``meta_rows`` [S, META_COLS] and drafter block ``tables`` (at most
         ``fused_table_width`` entries each: the drafter reserves at most max_model_len) and ``inp``'s drafts, then
         replay the tail of batch size ``bs`` (the one the decode graph just replayed). Returns the packed
         result's first S rows [S, q + 2 + D] (a static buffer: valid until the next ``run``)."""
@@ -129,7 +129,7 @@ def stage_tail_rows(
     meta_width: int,
     bs: int,
 ) -> None:
-    """Write a fused tail's per-sequence rows into ``host`` [>= bs, meta_width + q - 1] int64 (a staged buffer
+    """Write a fused tail's per-sequence rows into ``host`` [>= bs, >= meta_width + q - 1] int64 (a staged buffer
     kept between steps): ``meta_rows`` [S][META_COLS] first, drafter block ``tables`` after them
     (``write_table_rows``, record ``table_rows``: new entries only), ``inp``'s drafts (every sequence a decode
     query ``[last token, drafts...]``) from column ``meta_width``, 0-padded; rows S .. bs-1 (dummy sequences)

@@ -36,7 +36,8 @@ class PendingSpecStep:
     """A launched device-side verification step: its packed result lands in ``rows`` once ``event`` completes.
 
     ``rows`` [S, K + D + 3] int64 per sequence: the target's tokens at its K + 1 rows, accepted drafts a, the D
-    next drafts, how many of them are worth verifying."""
+    next drafts, how many of them are worth verifying (a drafter with ``device_trees``: D = 2N, the N nodes'
+    tokens then parents, and the node count)."""
 
     inp: ModelInput
     rows: torch.Tensor  # pinned host memory (a view of the worker's readback buffer)
@@ -338,7 +339,8 @@ class SpecDecodeWorker:
         (every row of a decode query, the last row of a prompt chunk that ends its prompt).
 
         Same result as the general path: target tokens come from the plain sampler, drafts are accepted iff
-        equal to them (``accept_deterministic_drafts``), and the drafter sees the same committed tokens. The
+        equal to them (``accept_deterministic_drafts``; draft trees: ``accept_tree_drafts``, then the accepted
+        nodes' K/V move to their positions' slots), and the drafter sees the same committed tokens. The
         step's only host sync is ``collect``'s wait for the readback of emitted tokens and next drafts (+ the
         logprobs when asked)."""
         runner = self.runner

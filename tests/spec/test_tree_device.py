@@ -128,27 +128,33 @@ def run_tree_steps(eng, prompts, params, fused: bool):
     return outs, steps, tree_tails
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("batch", [1, 3])
-def test_fused_tree_tail_equals_the_eager_device_side_step(plain_128, batch):
-    """Uncaptured decode graphs of batch sizes 1, 2, 4 (chains of 1, 2, 4, 8, 16 rows and a tree graph of 16)
-    and their tails: tree steps replay the tree graph's tail (batch 3: one dummy sequence), and every step's
-    emitted tokens and next trees equal the eager device-side path's, outputs plain decoding's."""
-    eng = spec_engine(TREE, max_num_seqs=4)
+def fused_tree_engine(spec: dict, **overrides):
+    """An engine whose runner replays uncaptured decode graphs of batch sizes 1, 2, 4 (chains of 1, 2, 4, 8, 16
+    rows and the tree graph of 1 + nodes rows) and whose worker has their uncaptured tails."""
+    eng = spec_engine(spec, max_num_seqs=4, **overrides)
     runner = eng.executor.runner
     worker = runner.spec_worker
     layers = tuple(worker.drafter.capture_layers)
-    sizes = [1, 2, 4]
+    sizes, q_tree = [1, 2, 4], 1 + spec["num_speculative_tokens"]
     runner.graphs = [DecodeGraphs(runner, sizes, capture=False)] + [
         DecodeGraphs(runner, sizes, query_len=q, capture_layers=layers, capture=False)
         for q in [1, *verification_query_lens(worker.drafter.max_chain_drafts)]
     ]
     runner.graphs.append(
-        DecodeGraphs(runner, sizes, query_len=16, capture_layers=layers, capture=False, tree=True)
+        DecodeGraphs(runner, sizes, query_len=q_tree, capture_layers=layers, capture=False, tree=True)
     )
     runner.graphs.sort(key=lambda g: (g.q, g.tree))
     worker.capture_fused(runner.graphs, capture=False)
-    assert (16, True) in worker.fused
+    assert (q_tree, True) in worker.fused
+    return eng
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_tree_tail_equals_the_eager_device_side_step(plain_128, batch):
+    """Tree steps replay the tree graph's tail (batch 3: one dummy sequence), and every step's emitted tokens
+    and next trees equal the eager device-side path's, outputs plain decoding's."""
+    eng = fused_tree_engine(TREE)
     prompts, want = plain_128
     prompts, want = prompts[:batch], [w[:40] for w in want[:batch]]
     params = SamplingParams(max_tokens=40, temperature=0)
@@ -158,6 +164,21 @@ def test_fused_tree_tail_equals_the_eager_device_side_step(plain_128, batch):
     assert f_steps == e_steps
     assert sum(f_tails) > 3 and not e_tails  # tree steps ran the tree graph's tail
     assert any(parents is not None for *_, parents in f_steps)
+
+
+@pytest.mark.slow
+def test_fused_tree_tail_near_max_model_len(plain_128):
+    """A tree graph of 32 rows near max_model_len 140 (the review's case): the tail's padded rows, written
+    nowhere, must not take the drafter positions past its rotary table (max_model_len + B rows); outputs are
+    plain decoding's, cut at max_model_len."""
+    eng = fused_tree_engine({**TREE, "draft_tree_topk": 8, "num_speculative_tokens": 31}, max_model_len=140)
+    prompts, want = plain_128
+    long = [i for i, p in enumerate(prompts) if 90 <= len(p) < 130][:2]
+    assert long, "no prompt of 90-129 tokens"
+    params = SamplingParams(max_tokens=64, temperature=0)
+    outs, _, tails = run_tree_steps(eng, [prompts[i] for i in long], params, True)
+    assert outs == [want[i][: min(64, 140 - len(prompts[i]))] for i in long]
+    assert sum(tails) > 0
 
 
 @pytest.mark.gpu
