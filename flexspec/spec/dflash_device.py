@@ -25,6 +25,7 @@ _Held = tuple[list[int], list[int], list[int]]
 # (max_len - context_len - query_len + num drafts - 2: the next tree's depth limit plus this step's accepted
 # drafts, as ``SpecDecodeWorker._draft_inputs`` counts the room left).
 META_COLS = 7
+ROOM = 6  # the room column
 
 
 def int64_rows(rows) -> torch.Tensor:
@@ -115,7 +116,7 @@ class DFlashDeviceStep:
             out = self._topk_block(bonus, ctx_lens, tables_t)
         else:
             out = self._greedy_block(bonus, ctx_lens, tables_t)
-        drafts, keep = self._tree_drafts(*out, meta[:, 6] - accepted) if self.tree_topk > 1 else out
+        drafts, keep = self._tree_drafts(*out, meta[:, ROOM] - accepted) if self.tree_topk > 1 else out
         return drafts, torch.where(drafting, keep, 0)
 
     def _tree_drafts(self, top: torch.Tensor, max_depth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,9 +152,8 @@ class DFlashDeviceStep:
         """The host part of a device-side step: reserve each sequence's drafter cache for the step's committed
         positions and take its positions left by plain steps (``defer_context``). Returns per sequence the
         meta row (``META_COLS``: ``[context_len, query_len, first row, cache ready, num drafts, emits, room]``)
-        and its drafter block
-        table (the cache's own list, empty when not ready: ``padded_meta`` or ``FusedVerifyGraphs.run`` lay
-        them out), and the held positions (not flushed)."""
+        and its drafter block table (the cache's own list, empty when not ready: ``padded_meta`` or
+        ``FusedVerifyGraphs.run`` lay them out), and the held positions (not flushed)."""
         cache_tables, bs = self.cache.tables, self.cache.block_size
         evictable: set[int] | None = None  # sequences outside the step, computed when blocks run short
         rows: list[list[int]] = []
@@ -214,7 +214,7 @@ class DFlashDeviceStep:
         ctx_lens = torch.where(drafting, ctx + committed, 0).to(torch.int32)
         if self.tree_topk > 1:
             top = self._topk_block(bonus, ctx_lens, table.to(torch.int32))
-            drafts, keep = self._tree_drafts(*top, meta[:, 6] - accepted)
+            drafts, keep = self._tree_drafts(*top, meta[:, ROOM] - accepted)
         else:
             drafts, keep = self._greedy_block(bonus, ctx_lens, table.to(torch.int32))
         return drafts, torch.where(drafting, keep, 0)
