@@ -74,6 +74,23 @@ def hf_model(engine):
     return model.eval()
 
 
+def random_tree(rng, n: int, vocab: int) -> tuple[list[int], list[int]]:
+    """A random draft tree of ``n`` nodes in topological order whose siblings hold distinct tokens of
+    ``range(vocab)`` (``flexspec.spec.tree``'s contract): (parents, tokens). ``rng``: a ``random.Random``."""
+    parents: list[int] = []
+    tokens: list[int] = []
+    used: set[tuple[int, int]] = set()
+    for i in range(n):
+        while True:
+            p, t = rng.randint(-1, i - 1), rng.randrange(vocab)
+            if (p, t) not in used:
+                break
+        used.add((p, t))
+        parents.append(p)
+        tokens.append(t)
+    return parents, tokens
+
+
 def real_prompts(engine, n_each: int = 7) -> list[list[int]]:
     """Token ids of real prompts: GSM8K + MT-Bench via the chat template, HumanEval raw."""
     from flexspec.datasets import load_prompts

@@ -23,7 +23,7 @@ from flexspec.engine.cuda_graphs import DecodeGraphs, capture_graphs
 from flexspec.engine.graph_inputs import SMALL_BATCH, StagedInputs, write_table_rows
 from flexspec.engine.model_input import ModelInput
 from flexspec.spec.dflash_device import META_COLS
-from flexspec.spec.tree import tree_rows
+from flexspec.spec.tree import tree_parent_rows
 from flexspec.spec.tree_device import accept_tree_drafts, tree_move_pairs
 from flexspec.spec.verifier import accept_deterministic_drafts
 from flexspec_kernels.argmax import argmax
@@ -35,7 +35,7 @@ class FusedVerifyGraphs:
     Per step the host stages one int64 row per sequence (``stage_tail_rows``): the drafter's meta row
     (``plan_device_step``: ``META_COLS`` columns, then its block table in W = ``fused_table_width`` columns), then the
     sequence's q - 1 drafts (0-padded), and for a tree graph (``decode.tree``) their q - 1 parents
-    (``flexspec.spec.tree.tree_rows``); dummy sequences up to the graph's batch size are all 0 (context 0, cache
+    (``flexspec.spec.tree.tree_parent_rows``); dummy sequences up to the graph's batch size are all 0 (context 0, cache
     not ready: nothing written, nothing drafted). A tree graph's tail verifies trees (``accept_tree_drafts``) and
     moves the accepted nodes' K/V to their positions' slots (``tree_move_pairs``, slots from the decode graph's
     staged slot mapping) before the drafter's tail.
@@ -109,7 +109,7 @@ class FusedVerifyGraphs:
         host = self.stage.host("rows").reshape(-1, self.width)
         stage_tail_rows(host, self.table_rows, inp, meta_rows, tables, self.meta_width, bs)
         if self.tree:
-            parents, _ = tree_rows(inp, self.q - 1)
+            parents = tree_parent_rows(inp, self.q - 1)
             host[:S, self.meta_width + self.q - 1 :] = np.asarray(parents, dtype=np.int64).reshape(S, -1)
         self.stage.send()
         if self.graphs:

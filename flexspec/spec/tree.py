@@ -212,20 +212,26 @@ def cut_tree(
     return [ids[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
 
 
-def tree_rows(inp, max_drafts: int) -> tuple[list[int], list[int]]:
+def tree_parent_rows(inp, max_drafts: int) -> list[int]:
     """A decode-only step's trees for device-side verification (``flexspec.spec.tree_device``), flattened: per
     sequence its K = ``max_drafts`` node parents (a chain's where ``inp.draft_parents[s]`` is None; -1 past its
-    drafts) and the K + 1 KV slots of its root row and node rows (the root's slot past its drafts)."""
+    drafts)."""
     parents: list[int] = []
-    slots: list[int] = []
     trees = inp.draft_parents or [None] * len(inp.query_lens)
+    for tree, d in zip(trees, inp.num_draft_tokens):
+        parents.extend(tree if tree is not None else range(-1, d - 1))
+        parents.extend([-1] * (max_drafts - d))
+    return parents
+
+
+def tree_slot_rows(inp, max_drafts: int) -> list[int]:
+    """Per sequence of a decode-only step, flattened: the K + 1 KV slots of its root row and its K =
+    ``max_drafts`` node rows (the root's slot past its drafts)."""
+    slots: list[int] = []
     end = 0
-    for tree, n, d in zip(trees, inp.query_lens, inp.num_draft_tokens):
+    for n, d in zip(inp.query_lens, inp.num_draft_tokens):
         end += n
         root = end - d - 1
-        pad = max_drafts - d
-        parents.extend(tree if tree is not None else range(-1, d - 1))
-        parents.extend([-1] * pad)
         slots.extend(inp.slot_mapping[root:end])
-        slots.extend([inp.slot_mapping[root]] * pad)
-    return parents, slots
+        slots.extend([inp.slot_mapping[root]] * (max_drafts - d))
+    return slots

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from flexspec.spec.tree import tree_rows
+from flexspec.spec.tree import tree_parent_rows, tree_slot_rows
 from flexspec_kernels.draft_tree import accept_tree_drafts
 
 
@@ -55,7 +55,7 @@ def settle_trees_on_device(
     sequence has none) and the K/V moves of the accepted nodes (``tree_move_pairs``, ``runner.move_kv``).
     Returns (tokens [S, K + 1], accepted [S], path [S, K]). Sync-free."""
     K = drafts.shape[1]
-    parents, slots = tree_rows(inp, K)
+    parents, slots = tree_parent_rows(inp, K), tree_slot_rows(inp, K)
     dev = torch.tensor([*parents, *slots], dtype=torch.int64).to(runner.device, non_blocking=True)
     S = len(inp.query_lens)
     tokens, accepted, path = accept_tree_drafts(target, starts, num_drafts, drafts, dev[: S * K].view(S, K))

@@ -22,6 +22,7 @@ from flexspec_kernels.draft_tree import (
     tree_top_paths_ref,
     tree_top_paths_triton,
 )
+from tests.conftest import random_tree
 
 
 def random_candidates(rng: torch.Generator, S: int, D: int, R: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,22 +83,11 @@ def test_dispatch_and_limits(device):
 
 
 def random_trees(py: random.Random, S: int, K: int, vocab: int) -> tuple[list, list, list[int]]:
-    """S trees of up to K nodes (siblings hold distinct tokens), padded to K: (parents, tokens, node counts)."""
-    parents, tokens, sizes = [], [], []
-    for _ in range(S):
-        n, par, tok, used = py.randint(0, K), [], [], set()
-        for i in range(n):
-            while True:
-                p, t = py.randint(-1, i - 1), py.randrange(vocab)
-                if (p, t) not in used:
-                    break
-            used.add((p, t))
-            par.append(p)
-            tok.append(t)
-        parents.append(par + [-1] * (K - n))
-        tokens.append(tok + [0] * (K - n))
-        sizes.append(n)
-    return parents, tokens, sizes
+    """S random trees of up to K nodes, padded to K: (parents, tokens, node counts)."""
+    trees = [random_tree(py, py.randint(0, K), vocab) for _ in range(S)]
+    parents = [par + [-1] * (K - len(par)) for par, _ in trees]
+    tokens = [tok + [0] * (K - len(tok)) for _, tok in trees]
+    return parents, tokens, [len(par) for par, _ in trees]
 
 
 @pytest.mark.parametrize("K", [1, 7, 15, 31, 62])

@@ -23,20 +23,8 @@ from flexspec.spec.tree import cut_tree, depths, move_slots, walk
 from flexspec.spec.tree_device import tree_move_pairs
 from flexspec.spec.verifier import accept_deterministic_drafts
 from flexspec_kernels.draft_tree import accept_tree_drafts
+from tests.conftest import random_tree
 from tests.spec.conftest import RAW_PROMPTS, on_worker_outputs, spec_engine
-
-
-def random_tree(py: random.Random, n: int, vocab: int) -> tuple[list[int], list[int]]:
-    parents, tokens, used = [], [], set()
-    for i in range(n):
-        while True:
-            p, t = py.randint(-1, i - 1), py.randrange(vocab)
-            if (p, t) not in used:
-                break
-        used.add((p, t))
-        parents.append(p)
-        tokens.append(t)
-    return parents, tokens
 
 
 @pytest.mark.parametrize("seed", range(4))
