@@ -120,7 +120,10 @@ class StepTimers:
         rec.num_seqs = len(inp.query_lens) if first else max(rec.num_seqs, len(inp.query_lens))
         rec.num_tokens = inp.num_tokens if first else rec.num_tokens + inp.num_tokens
         rec.decode = decode if first else rec.decode and decode
-        rec.mode = inp.spec_mode if getattr(self.engine, "policy", None) is not None else "plain"
+        policy = getattr(self.engine, "policy", None)  # its latest decision is this input's (Decision.option)
+        rec.mode = (
+            (policy.last_modes[-1] if policy.last_modes else inp.spec_mode) if policy is not None else "plain"
+        )
         rec.launched = rec.ahead = False
 
     def _propose(self, *args: Any, **kwargs: Any) -> Any:

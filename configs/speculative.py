@@ -39,6 +39,15 @@ class _SpecBase(BaseModel):
         "block) as one CUDA graph per (query length, batch size) where the drafter supports it (DFlash); "
         "false = launch it eagerly (A/B checks).",
     )
+    draft_lengths: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="With execution auto: the draft lengths the policy chooses among per batch (each 1 .. "
+        "num_speculative_tokens; num_speculative_tokens is always one of them). Default: "
+        "num_speculative_tokens and each of 3, 7, 15, 31 that is at most half of it (DFlash's 15: 3, 7, 15), "
+        "since a shorter chain verifies fewer tokens per sequence, which wins at large batch sizes. Draft "
+        "trees and parallel execution always use num_speculative_tokens.",
+    )
     separate_prefill_steps: bool = Field(
         False,
         description="While running requests have draft tokens to verify, prefill arriving prompts in steps "
@@ -53,6 +62,22 @@ class _SpecBase(BaseModel):
         if self.execution == "parallel" and method != "flexdraft":
             raise ValueError(f"execution 'parallel' needs method 'flexdraft', not {method!r}")
         return self
+
+    @model_validator(mode="after")
+    def _lengths_within_k(self) -> _SpecBase:
+        k = self.num_speculative_tokens
+        bad = [n for n in self.draft_lengths or [] if not 1 <= n <= k]
+        if bad:
+            raise ValueError(f"draft_lengths {bad} must lie within 1 .. num_speculative_tokens ({k})")
+        return self
+
+    def policy_draft_lengths(self) -> list[int]:
+        """The chain lengths ``execution: auto`` chooses among (``draft_lengths``, see its description),
+        ascending, ``num_speculative_tokens`` last."""
+        k = self.num_speculative_tokens
+        if self.draft_lengths is not None:
+            return sorted(set(self.draft_lengths) | {k})
+        return [n for n in (3, 7, 15, 31) if 2 * n <= k] + [k]
 
 
 class NgramConfig(_SpecBase):

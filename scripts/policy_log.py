@@ -64,11 +64,14 @@ def main(
         est = policy.batch_tokens_per_step(sched)
         log.append(
             {
-                "mode": d.mode,
+                "mode": d.option,
                 "batch": len(sched.scheduled),
                 "prior": round(policy.prior(), 3),
                 "estimate": round(est, 3),
-                "rates": {m: _finite(policy.expected_rate(m, bucket, est)) for m in policy.options},
+                "rates": {
+                    m: _finite(policy.expected_rate(m, bucket, policy.option_tokens(m, est)))
+                    for m in policy.options
+                },
                 "step_ms": {m: round((policy.step_time(m, bucket) or 0.0) * 1e3, 4) for m in policy.options},
                 "requests": [  # r: running MAL (None before its first verification), n, w
                     {

@@ -54,6 +54,7 @@ class _Step:
     # The policy's decision before this step's (its timing counts only in a mode's steady state). Kept here
     # because with async scheduling the next step is decided before this one is observed.
     prev_mode: str | None = None
+    option: str = "plain"  # the policy's option for this step (Decision.option: "decoupled/3", ...)
 
 
 @dataclass
@@ -240,9 +241,10 @@ class LLMEngine(AsyncSchedulingMixin):
         ex: Any = self.executor
         modes = self.policy.last_modes if self.policy is not None else []
         prev = modes[0] if len(modes) == 2 else None  # modes[-1] is this step's decision
+        option = modes[-1] if modes else inp.spec_mode
         if self.overlaps_output_processing and ex.can_launch(inp):
-            return _Step(sched, inp, t0, pending=ex.launch(inp), prev_mode=prev)
-        return _Step(sched, inp, t0, output=ex.execute(inp), prev_mode=prev)
+            return _Step(sched, inp, t0, pending=ex.launch(inp), prev_mode=prev, option=option)
+        return _Step(sched, inp, t0, output=ex.execute(inp), prev_mode=prev, option=option)
 
     def step(self) -> list[RequestOutput]:
         """Run one step and return the outputs of the step that completed.
@@ -286,6 +288,7 @@ class LLMEngine(AsyncSchedulingMixin):
         step_metrics = SpecDecodingMetrics()
         appended: list[_Appended] = []
         unverified: list[Sequence] = []  # emitting requests whose drafts were not verified this step
+        verified_length = 0  # the most drafts the verified requests were allowed (their policy option's)
         policy = self.policy
         plain = not inp.num_speculative_tokens
         provisional, held_out = st.provisional, st.held_out
@@ -318,7 +321,8 @@ class LLMEngine(AsyncSchedulingMixin):
                 step_metrics.observe(d, accepted)
             if policy is not None:
                 if d:
-                    policy.observe_request(seq, d, accepted)
+                    policy.observe_request(seq, d, accepted, seq.draft_length)
+                    verified_length = max(verified_length, seq.draft_length)
                 elif plain:
                     # aged in one call below (every row of a plain step); a step that starts drafting for the
                     # request (entering speculation) is no plain step and does not age its estimate
@@ -331,6 +335,7 @@ class LLMEngine(AsyncSchedulingMixin):
             appended.append(self._append_ids(seq, tokens, lps))
             finished = seq.status is FINISHED
             seq.draft_token_ids = [] if finished else list(drafts)
+            seq.draft_length = inp.num_speculative_tokens
             seq.draft_parents = None if finished or not drafts else parents
             if not finished and seq.seq_id in held_out:
                 raise RuntimeError(f"request {seq.request_id} was held out of scheduling but did not finish")
@@ -348,11 +353,12 @@ class LLMEngine(AsyncSchedulingMixin):
                 s.num_new_tokens == 1 + s.num_draft_tokens for s in scheduled
             )
             self.policy.observe(
-                inp.spec_mode,
+                st.option,
                 len(sched.scheduled),
                 period if decode else None,
                 step_metrics.per_position_acceptance,
                 previous=st.prev_mode,
+                verified_length=verified_length or None,
             )
         early: list[RequestOutput] = []
         if ahead is not None:

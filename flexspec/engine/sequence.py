@@ -74,6 +74,7 @@ class Sequence:
         self.draft_token_ids: list[int] = []
         # their tree (``flexspec.spec.tree``: draft i continues draft parents[i], -1 = the last token); None = a chain
         self.draft_parents: list[int] | None = None
+        self.draft_length = 0  # the most drafts the policy allowed when draft_token_ids were proposed
         self.spec_tokens_per_step: float | None = None  # this request's running MAL (speculation policy)
         self.spec_estimate_weight = 1.0  # its weight against the policy's prior: decays while not verified
         self.spec_num_verifications = 0  # verification steps behind spec_tokens_per_step

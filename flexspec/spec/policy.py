@@ -7,53 +7,17 @@ rank ever decides on its own. Each step the policy picks how to draft for the ne
 * ``decoupled`` — verify, then draft in a separate (small) forward,
 * ``parallel``  — draft inside the verification forward (FlexDraft only: O(B^2) extra tokens per sequence).
 
+and, for chains, how many drafts: ``decoupled/L`` is a chain cut to at most L drafts (``draft_lengths``; DFlash's
+default k = 15 gives ``decoupled/3``, ``decoupled/7`` and ``decoupled``), each timed as its own option. A
+shorter chain verifies fewer tokens per sequence, which is what a large batch pays for (session 36, H100, shipped
+DFlash drafter, fixed chains of 3 / 7 / 15 drafts against plain decoding, paired medians of 2 rounds on GSM8K:
+b=64 1.12 / 1.01 / 0.98x, b=16 1.32 / 1.54 / 1.53x, b=1 0.92 / 1.07 / 1.11x; MT-Bench, one round, b=16
+1.10 / 0.96 / 0.83x; ``bench/results/h100-2026-12-06-s36/``).
+
 With ``execution: auto`` it maximises expected emitted tokens per second = E[tokens per step] / step time,
 where E[tokens per step] is the mean over the batch's requests of each request's estimated MAL, and step times
-are measured online per (mode, batch-size bucket). A request's MAL estimate:
-
-* the prior G is the population's: the mean of accepted + 1 over the last ~``PRIOR_WINDOW`` verifications of
-  all requests; a request not verified yet uses G. Until ``MIN_PRIOR_VERIFICATIONS`` verifications G is
-  optimistic (1 + k: every draft accepted), so a fresh engine speculates until it knows what drafts are worth
-  here (the warm-up profile's dummy prompt does not set G, see ``finish_profile``): G is learnt only from
-  verifications, and an engine that starts on plain decoding learns it only from probes. G's evidence ages:
-  each plain step that verifies nothing (and that the engine reports: ``observe`` is not called for steps with a
-  prompt chunk that does not end its prompt) multiplies the number of verifications G stands for (at most
-  ``PRIOR_WINDOW``) by ``PRIOR_KEEP`` (half-life ``PRIOR_HALF_LIFE`` steps, floor ``PRIOR_MIN_WEIGHT``), so after
-  a plain stretch a probe's fresh verifications weigh against a few old ones, not ``PRIOR_WINDOW`` of them. A
-  workload shift is thus learnt from a few probes (session 30, H100: after MT-Bench, MAL 1.95, ``auto`` ran
-  GSM8K, MAL 3.2, at batch 4 on plain decoding for 1024 of its 1027 steps, 0.71x of always-decoupled, each
-  probe moving G by ~0.08; ``bench.policy_replay`` with MT-Bench first, b = 1-64, 4 seeds: GSM8K b=4 ``auto`` /
-  best 0.878 (worst 0.752) -> 1.001 (worst 1.000), other points unchanged within 0.5%). The floor keeps a probe's
-  few verifications from swinging G: GSM8K's accepted lengths vary widely, and with a floor of 16 a replay of
-  b=4 alone (8 seeds) lost 2.5% on average to probes that happened to draw low (mean 0.904 vs 0.928 without
-  aging; floor 32: 0.929; ``bench/results/cpu-2026-12-05-s30/``);
-* its own running MAL r is an EMA (``EMA``) of accepted + 1 per verification that starts from G, so after n
-  verifications the prior still weighs (1 - EMA)^n (shrinkage: one unlucky first step does not send a request
-  to plain decoding);
-* the policy uses G + c w (r - G), where w, the weight of the request's own evidence, is 1 after a verification
-  and shrinks by ``STALE_KEEP`` (half-life ``STALE_HALF_LIFE``) for every step the request emits without
-  verifying drafts in a plain step (no drafts asked for anyone), since a request that is not drafted for gets no
-  new evidence (a speculative step in which the request verifies nothing - the step entering speculation, or an
-  n-gram request with no match in the previous step - does not age it since session 30); and
-  c = n / (n + ``REQUEST_PRIOR_WEIGHT``) grows with the request's number of verifications n, so a few unlucky
-  verifications early on move the estimate little and a long run of failures moves it almost all the way. A
-  request put on plain for a low r is so speculated on again after a few plain steps (r = 1, G = 2.7 after 60
-  failed verifications, break-even MAL 1.8: after 3), and one whose drafts still fail returns to plain after
-  that verification (r itself is kept).
-
-Why: a wrong ``plain`` costs MAL - 1 tokens per step (~1.8 on GSM8K), a wrong speculative step only its extra
-time (~0.2-0.5 of a plain step), and a request's acceptance has little memory: with the shipped DFlash drafter
-on GSM8K (8 requests, 571 verifications) accepted lengths 4-16 tokens apart correlate ~0.1, from 32 on ~0.
-Without the decay a request stuck on plain was re-tested only by the runner-up probe (below), and at batch 1
-``auto`` trailed always-``decoupled`` (issue 6). Without c (c = 1), once plain steps got cheaper (async
-scheduling, session 12: plain 0.77 ms, decoupled 1.73 ms per step at batch 1, break-even MAL 2.25 x
-``SPEC_MARGIN``), three rejected verifications in a row (EMA 0.2: r 3 -> 2.28) sent a GSM8K request (G ~3) to
-plain: 51% of the batch-1 steps were plain and ``auto`` reached 0.84 of always-``decoupled``. With c weighing
-half at 8 verifications (session 13) GSM8K requests still left speculation on noise (H200, batch 1: 54% of the
-steps plain, ``auto`` 0.85 of always-``decoupled``); ``bench.policy_replay`` over the shipped DFlash drafter's
-acceptance traces (GSM8K, MT-Bench, HumanEval, b = 1-64, H200 step times) put the worst point of ``auto``
-against the best fixed mode at 0.955 with (8, ``PRIOR_WINDOW`` 256), 0.966 with (32, 256) and 0.976 with
-(32, 128): a shorter prior window also lets G follow a change of workload (GSM8K -> MT-Bench) sooner.
+are measured online per (mode, batch-size bucket); each request's MAL estimate, and what a cut chain
+emits, are :class:`flexspec.spec.mal_estimates.MALEstimates`' (its module doc says how and why).
 
 Step times:
 
@@ -129,6 +93,7 @@ from dataclasses import dataclass, field
 from configs.engine import EngineConfig
 from flexspec.engine.scheduler import SchedulerOutput
 from flexspec.spec import policy_tuning as tuning
+from flexspec.spec.mal_estimates import MALEstimates
 from flexspec.spec.step_times import StepTimeStat, batch_bucket, median
 from flexspec.spec.switch_costs import entry_factor, probe_time_lost, round_trip_share
 
@@ -138,16 +103,19 @@ __all__ = ["Decision", "SpeculationPolicy", "entry_factor"]
 @dataclass
 class Decision:
     mode: str  # "plain" | "decoupled" | "parallel"
-    num_speculative_tokens: int
+    num_speculative_tokens: int  # the drafts to propose this step (0: plain decoding)
+    option: str = ""  # the policy's name for it ("decoupled/3": a chain of at most 3 drafts); default: mode
+
+    def __post_init__(self) -> None:
+        self.option = self.option or self.mode
 
 
 @dataclass
-class SpeculationPolicy:
+class SpeculationPolicy(MALEstimates):
     config: EngineConfig
     step_times: dict[tuple[str, int], StepTimeStat] = field(default_factory=dict)
     decisions: dict[int, int] = field(default_factory=dict)  # bucket -> count
     mode_counts: dict[str, int] = field(default_factory=dict)
-    acceptance: list[float] = field(default_factory=list)  # per-position acceptance (EMA over steps)
     last_modes: list[str] = field(default_factory=list)  # the last two decisions (steady-state attribution)
     probe: tuple[str, int] | None = None  # (mode, decisions left) of a running re-measurement
     # bucket -> (decision count of its next probe, the interval that set it)
@@ -156,13 +124,7 @@ class SpeculationPolicy:
     probe_estimate: tuple[str, int, float] | None = None
     forced: str | None = None  # warm-up profile: every decision is this mode, step times are collected raw
     profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
-    prior_tokens_per_step: float | None = None  # G: mean accepted + 1 over ~PRIOR_WINDOW verifications
-    num_verifications: int = 0  # of all requests (MIN_PRIOR_VERIFICATIONS)
-    prior_weight: float = 0.0  # verifications G stands for: + 1 per verification up to PRIOR_WINDOW, aged
     num_decisions: int = 0  # auto decisions of every bucket: the clock of step-time staleness
-    # the most drafts one step can accept: num_speculative_tokens for chains, a draft tree's depth limit when the
-    # engine knows its drafter's (in-process: ``Drafter.max_chain_drafts``); bounds the prior and the warm-up
-    max_chain_drafts: int = 0
     # decisions run before every step: what they look up is cached (host time of a host-bound b=64 step counts)
     _warmed: bool = False  # every option has WARMUP_SAMPLES step times
     _nearest_cache: dict[tuple[str, int], int | None] = field(default_factory=dict)
@@ -174,8 +136,12 @@ class SpeculationPolicy:
         self.spec = spec
         if spec.execution == "parallel" and spec.method != "flexdraft":
             raise ValueError(f"execution 'parallel' needs method 'flexdraft', not {spec.method!r}")
-        self.options = ["plain", "decoupled"] + (["parallel"] if spec.method == "flexdraft" else [])
-        self.max_chain_drafts = self.max_chain_drafts or spec.num_speculative_tokens
+        k = spec.num_speculative_tokens
+        shorter = [] if getattr(spec, "draft_tree_topk", 1) > 1 else spec.policy_draft_lengths()[:-1]
+        self.lengths = {"plain": 0, **{f"decoupled/{n}": n for n in shorter}, "decoupled": k, "parallel": k}
+        self.options = ["plain", *(f"decoupled/{n}" for n in shorter), "decoupled"]
+        self.options += ["parallel"] if spec.method == "flexdraft" else []
+        self.max_chain_drafts = self.max_chain_drafts or k
 
     # ---- decisions ------------------------------------------------------------------------------------------
     def decide(self, sched: SchedulerOutput) -> Decision:
@@ -198,14 +164,16 @@ class SpeculationPolicy:
                     return self._decision(mode)
             self._warmed = True
         spec_tokens = self.batch_tokens_per_step(sched)
-        rates = {m: self.expected_rate(m, bucket, spec_tokens) for m in self.options}
+        tokens = {m: self.option_tokens(m, spec_tokens) for m in self.options}
+        rates = {m: self.expected_rate(m, bucket, tokens[m]) for m in self.options}
         rates["plain"] *= tuning.SPEC_MARGIN  # near-ties go to plain decoding (see SPEC_MARGIN)
         if self.last_modes:  # a round trip plain -> speculation -> plain costs its switch steps
-            if self.last_modes[-1] == "plain":
+            last = self.last_modes[-1]
+            if last == "plain":
                 for m in self.options[1:]:
-                    rates[m] *= self.round_trip_factor(m, bucket, spec_tokens)
-            else:  # leaving speculation commits to paying for the return
-                rates["plain"] *= self.round_trip_factor(self.last_modes[-1], bucket, spec_tokens)
+                    rates[m] *= self.round_trip_factor(m, bucket, tokens[m])
+            elif last in tokens:  # leaving speculation commits to paying for the return
+                rates["plain"] *= self.round_trip_factor(last, bucket, tokens[last])
         ranked = sorted(self.options, key=rates.__getitem__, reverse=True)
         best = rates[ranked[0]]
         for mode in ranked[1:]:  # plausible options never measured at this batch size
@@ -222,7 +190,7 @@ class SpeculationPolicy:
         if (
             count >= due
             and rates[ranked[1]] >= tuning.PROBE_WITHIN * best
-            and count >= due - interval + self._probe_gap(ranked[0], ranked[1], bucket, spec_tokens)
+            and count >= due - interval + self._probe_gap(ranked[0], ranked[1], bucket, tokens)
         ):
             interval = min(2 * interval, tuning.REEXPLORE_MAX)
             self.probe_due[bucket] = (count + interval, interval)
@@ -232,7 +200,7 @@ class SpeculationPolicy:
             return self._decision(ranked[1])
         return self._decision(ranked[0])
 
-    def _probe_gap(self, best: str, runner_up: str, bucket: int, spec_tokens: float) -> float:
+    def _probe_gap(self, best: str, runner_up: str, bucket: int, tokens: dict[str, float]) -> float:
         """Decisions since the bucket's last probe before the runner-up may be probed again, so that probes
         cost at most ``PROBE_BUDGET`` of the best mode's throughput: the time a probe loses
         (``switch_costs.probe_time_lost``, with the switch steps once measured) over the gap's g steps of the
@@ -244,62 +212,16 @@ class SpeculationPolicy:
             return 0.0
         spec = best if runner_up == "plain" else runner_up
         t_e, t_x = self.switch_time("enter", spec, bucket), self.switch_time("exit", spec, bucket)
-        lost = probe_time_lost(best, runner_up, t_b, t_r, spec_tokens, t_e, t_x)
+        lost = probe_time_lost(best, runner_up, t_b, t_r, tokens[spec], t_e, t_x)
         return lost / (tuning.PROBE_BUDGET * t_b)
 
-    def _decision(self, mode: str) -> Decision:
-        return self._count(Decision(mode, 0 if mode == "plain" else self.spec.num_speculative_tokens))
+    def _decision(self, option: str) -> Decision:
+        return self._count(Decision(option.split("/")[0], self.lengths[option], option))
 
     def _count(self, d: Decision) -> Decision:
-        self.mode_counts[d.mode] = self.mode_counts.get(d.mode, 0) + 1
-        self.last_modes = [*self.last_modes[-1:], d.mode]
+        self.mode_counts[d.option] = self.mode_counts.get(d.option, 0) + 1
+        self.last_modes = [*self.last_modes[-1:], d.option]
         return d
-
-    def expected_tokens_per_step(self, mode: str) -> float:
-        """E[emitted tokens per sequence per step] over all requests seen (the running per-position statistics)."""
-        if mode == "plain":
-            return 1.0
-        return 1.0 + sum(self.acceptance[: self.spec.num_speculative_tokens])
-
-    def prior(self) -> float:
-        """G: the population's MAL, for requests with no (or stale) evidence of their own (see the module doc):
-        the running mean of the requests' verifications once ``MIN_PRIOR_VERIFICATIONS`` were reported, 1 + k
-        (every draft of the longest path accepted: ``max_chain_drafts``) before; 1 + the per-position
-        acceptance for callers that report steps (``observe``) but no requests (``observe_request``)."""
-        g = self.prior_tokens_per_step
-        if g is None and self.acceptance:
-            return self.expected_tokens_per_step("decoupled")
-        if g is None or self.num_verifications < tuning.MIN_PRIOR_VERIFICATIONS:
-            return 1.0 + self.max_chain_drafts
-        return g
-
-    def request_tokens_per_step(self, seq, prior: float | None = None) -> float:
-        """A request's estimated MAL: G + c w (r - G) (see the module doc); ``prior`` = G when already known."""
-        g = self.prior() if prior is None else prior
-        r = getattr(seq, "spec_tokens_per_step", None)
-        if r is None:
-            return g
-        n = getattr(seq, "spec_num_verifications", 1)
-        return g + n / (n + tuning.REQUEST_PRIOR_WEIGHT) * seq.spec_estimate_weight * (r - g)
-
-    def batch_tokens_per_step(self, sched: SchedulerOutput) -> float:
-        """Mean over the batch of each request's estimated MAL (``request_tokens_per_step``, inlined on the
-        engine's sequences: this runs before every step, for every request of the batch)."""
-        g = self.prior()
-        scheduled = sched.scheduled
-        half = tuning.REQUEST_PRIOR_WEIGHT  # a local: ~3 us per b=64 decision
-        try:
-            own = 0.0
-            for s in scheduled:
-                seq = s.seq
-                r = seq.spec_tokens_per_step
-                if r is not None:
-                    n = seq.spec_num_verifications
-                    own += n / (n + half) * seq.spec_estimate_weight * (r - g)
-            return g + own / max(len(scheduled), 1)
-        except AttributeError:  # entries without the engine's per-request fields
-            total = sum(self.request_tokens_per_step(getattr(s, "seq", None), g) for s in scheduled)
-            return total / max(len(scheduled), 1)
 
     def samples(self, mode: str) -> int:
         return sum(st.n for (m, _), st in self.step_times.items() if m == mode)
@@ -387,6 +309,7 @@ class SpeculationPolicy:
         seconds: float | None,
         per_position_acceptance: list[float] | None,
         previous: str | None = None,
+        verified_length: int | None = None,
     ) -> None:
         """Record one step's wall time and acceptance. ``seconds`` is None for steps that are not pure decode
         steps (a prompt prefilled in the same step makes it unrepresentative; the engine leaves those out).
@@ -396,7 +319,10 @@ class SpeculationPolicy:
         unless the next step was decided already, as with async scheduling; see the module doc), as a switch
         step's (``switch_time``) when one of the two is plain decoding and the other is not; acceptance
         is recorded for every step that verified drafts; a plain step that verified none ages G's evidence
-        (``PRIOR_HALF_LIFE``; a step entering speculation, drafting without verifying, does not)."""
+        (``PRIOR_HALF_LIFE``; a step entering speculation, drafting without verifying, does not). Between two
+        chain lengths ("decoupled/L" options) the step is the previous option's (it verifies that option's
+        drafts; drafting costs the same). ``verified_length``: the most drafts the verified sequences were
+        allowed (the option that drafted them); positions past it keep their acceptance statistics."""
         key = None
         if seconds is not None:
             prev = self.previous_mode(mode, previous)
@@ -406,6 +332,8 @@ class SpeculationPolicy:
                 key = (f"enter:{mode}", batch_bucket(num_seqs))
             elif mode == "plain":  # the step leaving it
                 key = (f"exit:{prev}", batch_bucket(num_seqs))
+            elif prev.startswith("decoupled") and mode.startswith("decoupled"):
+                key = (prev, batch_bucket(num_seqs))  # another chain length: the step verifies prev's drafts
         if key is not None:
             if self.forced is not None:
                 self.profile.setdefault(key, []).append(seconds)
@@ -413,17 +341,7 @@ class SpeculationPolicy:
                 self.step_times.setdefault(key, StepTimeStat()).add(seconds, self.num_decisions)
                 if key[0] == mode:
                     self._check_probe(key, seconds)
-        if not per_position_acceptance:
-            if mode == "plain" and self.prior_weight > tuning.PRIOR_MIN_WEIGHT:
-                self.prior_weight = max(self.prior_weight * tuning.PRIOR_KEEP, tuning.PRIOR_MIN_WEIGHT)
-            return
-        n = max(len(self.acceptance), len(per_position_acceptance))
-        step = per_position_acceptance + [0.0] * (n - len(per_position_acceptance))  # no draft there: 0
-        if not self.acceptance:
-            self.acceptance = list(step)
-        else:
-            self.acceptance += [0.0] * (n - len(self.acceptance))
-            self.acceptance = [(1 - tuning.EMA) * a + tuning.EMA * b for a, b in zip(self.acceptance, step)]
+        self.observe_acceptance(mode, per_position_acceptance, verified_length)
 
     def _check_probe(self, key: tuple[str, int], seconds: float) -> None:
         """A probe's step far from the estimate it re-measured (``PROBE_SURPRISE``) makes the estimate stale:
@@ -466,30 +384,3 @@ class SpeculationPolicy:
         self.probe_estimate = None
         self.last_modes = []
         return out
-
-    def age_requests(self, seqs) -> None:
-        """Requests that emitted a token without verifying drafts (a plain step): their own MAL evidence weighs
-        ``STALE_KEEP`` times less against the prior (see the module doc). One call per step for all of them
-        (at batch 64 a call per request was ~0.3 us each of the step's host time)."""
-        keep = tuning.STALE_KEEP
-        for seq in seqs:
-            seq.spec_estimate_weight *= keep
-
-    def observe_request(self, seq, num_draft_tokens: int, num_accepted: int) -> None:
-        """Update one request's MAL estimate after a step that emitted tokens for it, having verified
-        ``num_draft_tokens`` drafts (0: a plain step, whose only effect is to age the request's own evidence),
-        and the prior G after a verification. Called once per emitting step and request, by the engine only
-        (the decision is made there and broadcast to every rank)."""
-        if num_draft_tokens == 0:
-            self.age_requests((seq,))
-            return
-        tokens = num_accepted + 1.0
-        self.num_verifications += 1
-        self.prior_weight = min(self.prior_weight + 1.0, tuning.PRIOR_WINDOW)
-        g = self.prior_tokens_per_step
-        g = tokens if g is None else g + (tokens - g) / self.prior_weight
-        self.prior_tokens_per_step = g
-        prev = seq.spec_tokens_per_step
-        seq.spec_tokens_per_step = (1 - tuning.EMA) * (g if prev is None else prev) + tuning.EMA * tokens
-        seq.spec_estimate_weight = 1.0
-        seq.spec_num_verifications = getattr(seq, "spec_num_verifications", 0) + 1

@@ -138,9 +138,9 @@ def test_policy_times_a_step_against_the_decision_before_it():
     seen = []  # (previous decision, this step's mode, recorded?)
     observe = policy.observe
 
-    def recorded(mode, num_seqs, seconds, acceptance, previous=None):
+    def recorded(mode, num_seqs, seconds, acceptance, previous=None, **kw):
         before = {k: st.n for k, st in policy.step_times.items()}
-        observe(mode, num_seqs, seconds, acceptance, previous=previous)
+        observe(mode, num_seqs, seconds, acceptance, previous=previous, **kw)
         grew = [k[0] for k, st in policy.step_times.items() if st.n > before.get(k, 0)]
         seen.append((previous, mode, grew, seconds))
 

@@ -349,8 +349,8 @@ def test_batch1_gsm8k_auto_stays_on_speculation_and_returns_soon_after_plain_ste
     from flexspec.datasets import load_prompts
     from tests.spec.conftest import spec_engine
 
-    eng = spec_engine({"method": "dflash", "model": "smollm2-135m-instruct-dflash", "execution": "auto"},
-                      max_num_seqs=1)  # fmt: skip
+    eng = spec_engine({"method": "dflash", "model": "smollm2-135m-instruct-dflash", "execution": "auto",
+                       "draft_lengths": [15]}, max_num_seqs=1)  # fmt: skip
     pol = eng.policy
     cost = {"plain": 1.0, "decoupled": 2.0}
     observe, observe_request, age_requests, decide = (
@@ -362,15 +362,17 @@ def test_batch1_gsm8k_auto_stays_on_speculation_and_returns_soon_after_plain_ste
     modes: list[str] = []
     calls = []
 
-    def counted_observe_request(seq, num_draft_tokens, num_accepted):
+    def counted_observe_request(seq, num_draft_tokens, num_accepted, draft_length=None):
         calls.append(seq.seq_id)
-        observe_request(seq, num_draft_tokens, num_accepted)
+        observe_request(seq, num_draft_tokens, num_accepted, draft_length)
 
     def counted_age_requests(seqs):  # rows of a step that verified no drafts for them
         calls.extend(seq.seq_id for seq in seqs)
         age_requests(seqs)
 
-    pol.observe = lambda mode, n, seconds, acc, previous=None: observe(mode, n, cost[mode], acc, previous)
+    pol.observe = lambda mode, n, seconds, acc, previous=None, **kw: observe(
+        mode, n, cost[mode], acc, previous, **kw
+    )
     pol.observe_request, pol.age_requests = counted_observe_request, counted_age_requests
     pol.decide = lambda sched: modes.append(decide(sched).mode) or Decision(modes[-1], 0 if modes[-1] == "plain" else
                                                                              pol.spec.num_speculative_tokens)  # fmt: skip
@@ -417,9 +419,9 @@ def test_steps_that_prefill_a_prompt_do_not_time_a_mode():
 
         return wrapper
 
-    def observed(mode, n, seconds, acceptance, previous=None):
+    def observed(mode, n, seconds, acceptance, previous=None, **kw):
         timed.append(seconds is not None)
-        observe(mode, n, seconds, acceptance, previous)
+        observe(mode, n, seconds, acceptance, previous, **kw)
 
     ex.execute, ex.launch, pol.observe = classified(execute), classified(launch), observed
     params = SamplingParams(max_tokens=12, temperature=0)
