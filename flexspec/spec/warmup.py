@@ -11,10 +11,14 @@ from configs.sampling import SamplingParams
 if TYPE_CHECKING:
     from flexspec.engine.llm_engine import LLMEngine
 
-# Dummy request of the warm-up profile: ordinary instruction-following text (not from any evaluation set).
+# Dummy request of the warm-up profile: counting, which drafters predict well (the shipped DFlash drafter, CPU fp32,
+# 300 tokens: MAL 8.8, 11.8 of its 15 drafts verified per step), so each option's steps verify about as many
+# drafts as the option allows, as at a large batch size, where some request always has a full chain and the step's
+# graph is padded to it. With an instruction prompt the drafts were cut short by selective verification (MAL 2.3,
+# 4.5 drafts verified): chains of 3, 7 and 15 drafts all timed 2.82-2.87 ms at batch 64 on an H100, where GSM8K
+# steps take 2.42 / 2.81 / 3.30 ms (session 36). Its acceptance is not kept (``finish_profile``).
 _PROFILE_PROMPT = (
-    "Explain step by step how to find the area of a triangle from the lengths of its three sides, then "
-    "write a short Python function that does it and test it on a right triangle with sides 3, 4 and 5."
+    "Count from 1 to 1000, writing every number in digits, separated by commas, without skipping any."
 )
 
 
