@@ -11,26 +11,28 @@ from configs.sampling import SamplingParams
 if TYPE_CHECKING:
     from flexspec.engine.llm_engine import LLMEngine
 
-# Dummy request of the warm-up profile: counting, which drafters predict well (the shipped DFlash drafter, CPU fp32,
-# 300 tokens: MAL 8.8, 11.8 of its 15 drafts verified per step), so each option's steps verify about as many
-# drafts as the option allows, as at a large batch size, where some request always has a full chain and the step's
-# graph is padded to it. With an instruction prompt the drafts were cut short by selective verification (MAL 2.3,
-# 4.5 drafts verified): chains of 3, 7 and 15 drafts all timed 2.82-2.87 ms at batch 64 on an H100, where GSM8K
-# steps take 2.42 / 2.81 / 3.30 ms (session 36). Its acceptance is not kept (``finish_profile``).
-_PROFILE_PROMPT = (
-    "Count from 1 to 1000, writing every number in digits, separated by commas, without skipping any."
-)
+# Dummy request of the warm-up profile: a count in progress (raw text, no chat template), which drafters continue
+# with confidence from its first step (the shipped DFlash drafter, CPU fp32: 13.8 of its 15 drafts verified per
+# step, MAL 14.8), so each option's steps verify as many drafts as the option allows, as at a large batch size,
+# where some request always has a full chain and the step's graph is padded to it. With an instruction prompt
+# the drafts were cut short by selective verification (4.5 of 15 verified, MAL 2.3): chains of 3, 7 and 15
+# drafts all timed 2.82-2.87 ms at batch 64 on an H100, where GSM8K's steps take 2.42 / 2.81 / 3.30 ms (session
+# 36). Its acceptance is not kept (``SpeculationPolicy.finish_profile``).
+_PROFILE_PROMPT = ", ".join(str(i) for i in range(1, 41)) + ","
 
 
-def _phases(modes: list[str], steps_per_mode: int) -> list[tuple[str, int]]:
-    """(mode, steps) of the profile at one bucket: ``modes[0]`` is plain decoding; every mode runs
-    ``steps_per_mode`` + 2 steps (its first is a switch step) and each speculative mode is followed by one
-    plain step (leaving it; the next speculative mode is then entered from plain decoding), so both switch
-    steps of every speculative mode are timed."""
-    out = [(modes[0], steps_per_mode + 2)]
-    for mode in modes[1:]:
-        out += [(mode, steps_per_mode + 2), (modes[0], 1)]
-    return out
+def _rounds(modes: list[str], steps_per_mode: int) -> list[list[tuple[str, int]]]:
+    """(mode, steps) of the profile at one bucket, in rounds that each start from freshly prefilled dummy
+    requests, so that every speculative mode is timed over the same context lengths (prompt + a few dozen
+    tokens; with one set of requests for all of them, each mode ran at longer contexts than the one before:
+    at batch 64 on an H100, chains of 15 drafts timed 4.09 ms where GSM8K's take 3.30, session 36).
+    ``modes[0]`` is plain decoding; every mode runs ``steps_per_mode`` + 2 steps (its first is a switch step),
+    after one plain step in each round but the first (which times plain decoding), and is followed by one
+    plain step (leaving it), so both switch steps of every speculative mode are timed."""
+    return [
+        [(modes[0], steps_per_mode + 2 if i == 0 else 1), (mode, steps_per_mode + 2), (modes[0], 1)]
+        for i, mode in enumerate(modes[1:])
+    ]
 
 
 def profile_speculation(
@@ -50,12 +52,10 @@ def profile_speculation(
         raise RuntimeError("profile_speculation needs a speculative engine with no requests in flight")
     cfg = engine.config
     prompt = engine.encode(_PROFILE_PROMPT)
-    if getattr(engine.tokenizer, "chat_template", None):
-        prompt = engine.apply_chat_template([{"role": "user", "content": _PROFILE_PROMPT}])
     k = policy.max_chain_drafts  # the most tokens a step emits, less 1 (a tree's depth, not its node count)
     modes = list(policy.options)
     room = cfg.max_model_len - len(prompt) - 1
-    max_tokens = min(len(modes) * (steps_per_mode + 3) * (k + 1) + 8, room)
+    max_tokens = min((2 * steps_per_mode + 5) * (k + 1) + 8, room)  # one round
     capacity = engine.block_manager.num_free_blocks * cfg.kv_block_size
     limit = min(max_batch_size or cfg.max_num_seqs, cfg.max_num_seqs)
     sizes, b = [], 1
@@ -72,24 +72,26 @@ def profile_speculation(
     ids: list[str] = []
     try:
         for size in sizes:
-            ids = [engine.add_request(prompt, params, f"flexspec-profile-{size}-{i}") for i in range(size)]
-            policy.forced = modes[0]
-            while engine.has_unfinished and any(  # prefill
-                not engine.seqs[i].output_token_ids for i in ids if i in engine.seqs
-            ):
-                engine.step()
-            # each mode's first step is a switch step (timed as one, SpeculationPolicy.switch_time): one plain
-            # step after each speculative mode times leaving it, so the next one's first step times entering it
-            for mode, steps in _phases(modes, steps_per_mode):
-                policy.forced = mode
-                for _ in range(steps):
-                    if not engine.has_unfinished:
-                        break
+            for phases in _rounds(modes, steps_per_mode):
+                ids = [
+                    engine.add_request(prompt, params, f"flexspec-profile-{size}-{i}") for i in range(size)
+                ]
+                policy.forced = modes[0]
+                while engine.has_unfinished and any(  # prefill
+                    not engine.seqs[i].output_token_ids for i in ids if i in engine.seqs
+                ):
                     engine.step()
-            for i in ids:
-                engine.abort(i)
-            while engine.has_unfinished:
-                engine.step()
+                # a mode's first step is a switch step (timed as one, SpeculationPolicy.switch_time)
+                for mode, steps in phases:
+                    policy.forced = mode
+                    for _ in range(steps):
+                        if not engine.has_unfinished:
+                            break
+                        engine.step()
+                for i in ids:
+                    engine.abort(i)
+                while engine.has_unfinished:
+                    engine.step()
     finally:
         for i in ids:  # no-op unless a step raised
             engine.abort(i)

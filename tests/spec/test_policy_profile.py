@@ -9,7 +9,7 @@ import random
 
 from configs import SamplingParams
 from flexspec.spec.policy_tuning import WARMUP_SAMPLES
-from flexspec.spec.warmup import _phases
+from flexspec.spec.warmup import _rounds
 from tests.spec.conftest import spec_engine
 
 
@@ -48,14 +48,19 @@ def test_profile_off_on_cpu_by_default():
     assert eng.speculation_profile == {} and eng.policy.step_times == {}
 
 
-def test_profile_phases_time_both_switch_steps_of_every_mode():
+def test_profile_rounds_time_both_switch_steps_of_every_mode_from_fresh_requests():
     """FlexDraft's modes: plain -> decoupled -> parallel left decoupled -> parallel, a switch the policy does
-    not time, so neither mode had both switch steps measured. A plain step after each speculative mode times
-    leaving it, and the next one is entered from plain decoding."""
-    phases = _phases(["plain", "decoupled", "parallel"], 3)
-    assert phases == [("plain", 5), ("decoupled", 5), ("plain", 1), ("parallel", 5), ("plain", 1)]
-    modes = [m for m, n in phases for _ in range(n)]
-    pairs = {(a, b) for a, b in itertools.pairwise(modes) if a != b}
+    not time, so neither mode had both switch steps measured. Each speculative mode gets a round of its own
+    (fresh requests: the same context lengths for every mode), entered from plain decoding and left to it."""
+    rounds = _rounds(["plain", "decoupled", "parallel"], 3)
+    assert rounds == [
+        [("plain", 5), ("decoupled", 5), ("plain", 1)],
+        [("plain", 1), ("parallel", 5), ("plain", 1)],
+    ]
+    pairs = set()
+    for phases in rounds:
+        modes = [m for m, n in phases for _ in range(n)]
+        pairs |= {(a, b) for a, b in itertools.pairwise(modes) if a != b}
     assert pairs == {
         ("plain", "decoupled"),
         ("decoupled", "plain"),
