@@ -38,6 +38,9 @@ class ModelInput:
     max_lens: list[int] = field(default_factory=list)  # [S] min(prompt + max_tokens, max_model_len)
     num_speculative_tokens: int = 0  # drafts to propose for the next step (0 = speculation off)
     spec_mode: str = "decoupled"  # "parallel" (draft inside the verification forward) | "decoupled"
+    # the policy's warm-up profile: the device-side step keeps every draft it is allowed, not only the confident
+    # prefix (selective verification), so each option's steps verify its full length (``flexspec.spec.warmup``)
+    verify_all_drafts: bool = False
     # [S] the tree of each sequence's verified drafts (``flexspec.spec.tree``; None = a chain), or None when every
     # sequence's drafts are a chain: tree nodes sit at positions by depth and attend to their ancestors only.
     draft_parents: list[list[int] | None] | None = None

@@ -415,7 +415,12 @@ class SpecDecodeWorker:
             if any(p is not None for p in parents):
                 out.draft_parents = parents
         else:
-            out.draft_token_ids = [row[K + 2 : K + 2 + min(w, k, row[-1])] for w, row in zip(wanted, rows)]
+            cut = (
+                k if inp.verify_all_drafts else None
+            )  # row[-1]: the confident prefix (selective verification)
+            out.draft_token_ids = [
+                row[K + 2 : K + 2 + min(w, k, cut or row[-1])] for w, row in zip(wanted, rows)
+            ]
         if self.pending_probs:  # deterministic drafts: no distributions pending
             for sid in inp.seq_ids:
                 self.pending_probs.pop(sid, None)

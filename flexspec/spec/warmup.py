@@ -11,14 +11,18 @@ from configs.sampling import SamplingParams
 if TYPE_CHECKING:
     from flexspec.engine.llm_engine import LLMEngine
 
-# Dummy request of the warm-up profile: a count in progress (raw text, no chat template), which drafters continue
-# with confidence from its first step (the shipped DFlash drafter, CPU fp32: 13.8 of its 15 drafts verified per
-# step, MAL 14.8), so each option's steps verify as many drafts as the option allows, as at a large batch size,
-# where some request always has a full chain and the step's graph is padded to it. With an instruction prompt
-# the drafts were cut short by selective verification (4.5 of 15 verified, MAL 2.3): chains of 3, 7 and 15
-# drafts all timed 2.82-2.87 ms at batch 64 on an H100, where GSM8K's steps take 2.42 / 2.81 / 3.30 ms (session
-# 36). Its acceptance is not kept (``SpeculationPolicy.finish_profile``).
-_PROFILE_PROMPT = ", ".join(str(i) for i in range(1, 41)) + ","
+# Dummy request of the warm-up profile: ordinary instruction-following text (not from any evaluation set). Its
+# drafts are not cut by selective verification during the profile (``ModelInput.verify_all_drafts``, device-side
+# steps), so each option's steps verify as many drafts as the option allows, as at a large batch size, where some
+# request always has a full chain and the step's graph is padded to it, while acceptance stays ordinary (MAL
+# ~2.3). Session 36, H100, batch 64: with the cut, chains of 3, 7 and 15 drafts all timed 2.82-2.87 ms where
+# GSM8K's steps take 2.42 / 2.81 / 3.30 ms; with a count as the prompt (drafts accepted, MAL ~9-15) they timed
+# 2.96 / 3.37 / 4.09 ms: a step costs more the more drafts it accepts. Its acceptance is not kept
+# (``SpeculationPolicy.finish_profile``).
+_PROFILE_PROMPT = (
+    "Explain step by step how to find the area of a triangle from the lengths of its three sides, then "
+    "write a short Python function that does it and test it on a right triangle with sides 3, 4 and 5."
+)
 
 
 def _rounds(modes: list[str], steps_per_mode: int) -> list[list[tuple[str, int]]]:
@@ -52,6 +56,8 @@ def profile_speculation(
         raise RuntimeError("profile_speculation needs a speculative engine with no requests in flight")
     cfg = engine.config
     prompt = engine.encode(_PROFILE_PROMPT)
+    if getattr(engine.tokenizer, "chat_template", None):
+        prompt = engine.apply_chat_template([{"role": "user", "content": _PROFILE_PROMPT}])
     k = policy.max_chain_drafts  # the most tokens a step emits, less 1 (a tree's depth, not its node count)
     modes = list(policy.options)
     room = cfg.max_model_len - len(prompt) - 1

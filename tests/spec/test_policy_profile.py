@@ -70,9 +70,9 @@ def test_profile_rounds_time_both_switch_steps_of_every_mode_from_fresh_requests
 
 
 def test_profile_steps_verify_about_as_many_drafts_as_each_length_allows():
-    """Session 36, H100: with an instruction prompt the profile's drafts were cut short by selective
-    verification, so chains of 3, 7 and 15 drafts all timed the same (2.82-2.87 ms at batch 64) where GSM8K steps
-    take 2.42 / 2.81 / 3.30 ms. The counting prompt's drafts are accepted: each length verifies most of its drafts."""
+    """Session 36, H100: the profile's drafts were cut short by selective verification, so chains of 3, 7 and
+    15 drafts all timed the same (2.82-2.87 ms at batch 64) where GSM8K steps take 2.42 / 2.81 / 3.30 ms. The
+    profile's steps now keep every draft their option allows (device-side steps, as this CPU runs them)."""
     spec = {"method": "dflash", "model": "smollm2-135m-instruct-dflash", "execution": "auto"}
     eng = spec_engine(spec, max_num_seqs=1, speculation_profile_steps=0)
     pol = eng.policy
@@ -90,4 +90,4 @@ def test_profile_steps_verify_about_as_many_drafts_as_each_length_allows():
     assert {"decoupled/3@1", "decoupled/7@1", "decoupled@1"} <= set(profile)
     assert set(verified) == {3, 7, 15}
     for length, counts in verified.items():
-        assert sum(counts) / len(counts) >= 0.6 * length, (length, counts)
+        assert sum(counts) / len(counts) >= 0.9 * length, (length, counts)
