@@ -208,9 +208,7 @@ class LLMEngine(AsyncSchedulingMixin):
             decision = decision or self.policy.decide(sched)
             inp.num_speculative_tokens = decision.num_speculative_tokens
             inp.spec_mode = decision.mode
-            inp.verify_all_drafts = (
-                self.policy.forced is not None
-            )  # the warm-up profile (flexspec.spec.warmup)
+            inp.verify_all_drafts = self.policy.forced_full_drafts  # warm-up profile (flexspec.spec.warmup)
         inp.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
         for sid in inp.finished_seq_ids:
             self._seqs_by_id.pop(sid, None)

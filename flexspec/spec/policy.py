@@ -123,6 +123,7 @@ class SpeculationPolicy(MALEstimates):
     # (mode, bucket, estimated seconds) of the running probe, until its first timed step
     probe_estimate: tuple[str, int, float] | None = None
     forced: str | None = None  # warm-up profile: every decision is this mode, step times are collected raw
+    forced_full_drafts: bool = False  # warm-up profile: steps keep every draft allowed (verify_all_drafts)
     profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
     num_decisions: int = 0  # auto decisions of every bucket: the clock of step-time staleness
     # decisions run before every step: what they look up is cached (host time of a host-bound b=64 step counts)
@@ -364,7 +365,7 @@ class SpeculationPolicy(MALEstimates):
         workload (session 14, H200: its MAL 1.44 against GSM8K's 3.0 kept ``auto`` on plain decoding for half
         of GSM8K's batch-1 steps, G learning one verification per probe), so serving starts from the optimistic
         prior (``prior``). Returns {"mode@bucket": median ms}."""
-        self.forced = None
+        self.forced, self.forced_full_drafts = None, False
         self._warmed = False
         out = {}
         for (mode, bucket), times in sorted(self.profile.items(), key=lambda kv: (kv[0][1], kv[0][0])):

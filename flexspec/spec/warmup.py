@@ -11,14 +11,17 @@ from configs.sampling import SamplingParams
 if TYPE_CHECKING:
     from flexspec.engine.llm_engine import LLMEngine
 
-# Dummy request of the warm-up profile: ordinary instruction-following text (not from any evaluation set). Its
-# drafts are not cut by selective verification during the profile (``ModelInput.verify_all_drafts``, device-side
-# steps), so each option's steps verify as many drafts as the option allows, as at a large batch size, where some
-# request always has a full chain and the step's graph is padded to it, while acceptance stays ordinary (MAL
-# ~2.3). Session 36, H100, batch 64: with the cut, chains of 3, 7 and 15 drafts all timed 2.82-2.87 ms where
-# GSM8K's steps take 2.42 / 2.81 / 3.30 ms; with a count as the prompt (drafts accepted, MAL ~9-15) they timed
-# 2.96 / 3.37 / 4.09 ms: a step costs more the more drafts it accepts. Its acceptance is not kept
-# (``SpeculationPolicy.finish_profile``).
+# Dummy request of the warm-up profile: ordinary instruction-following text (not from any evaluation set). At
+# batch sizes from ``FULL_DRAFTS_FROM`` on its drafts are not cut by selective verification during the profile
+# (``ModelInput.verify_all_drafts``, device-side steps): each option's steps verify as many drafts as the option
+# allows, as in a real batch that large, where some request nearly always has a full chain and the step's graph is
+# padded to it; acceptance stays ordinary (MAL ~2.3). Smaller batches keep the cut: the profile's requests are
+# identical, so their step's longest query is each one's, as in a real step of one request. Session 36, H100:
+# with the cut, chains of 3, 7 and 15 drafts all timed 2.82-2.87 ms at batch 64, where GSM8K's steps take 2.42 /
+# 2.81 / 3.30 ms; with a count as the prompt (drafts accepted, MAL ~9-15) 2.96 / 3.37 / 4.09 ms (a step costs
+# more the more drafts it accepts); uncut at batch 1, 15 drafts timed 1.59 ms against GSM8K's 1.35. Its acceptance
+# is not kept (``SpeculationPolicy.finish_profile``).
+FULL_DRAFTS_FROM = 16
 _PROFILE_PROMPT = (
     "Explain step by step how to find the area of a triangle from the lengths of its three sides, then "
     "write a short Python function that does it and test it on a right triangle with sides 3, 4 and 5."
@@ -78,6 +81,7 @@ def profile_speculation(
     ids: list[str] = []
     try:
         for size in sizes:
+            policy.forced_full_drafts = size >= FULL_DRAFTS_FROM
             for phases in _rounds(modes, steps_per_mode):
                 ids = [
                     engine.add_request(prompt, params, f"flexspec-profile-{size}-{i}") for i in range(size)

@@ -8,6 +8,7 @@ import itertools
 import random
 
 from configs import SamplingParams
+from flexspec.spec import warmup
 from flexspec.spec.policy_tuning import WARMUP_SAMPLES
 from flexspec.spec.warmup import _rounds
 from tests.spec.conftest import spec_engine
@@ -69,10 +70,11 @@ def test_profile_rounds_time_both_switch_steps_of_every_mode_from_fresh_requests
     }
 
 
-def test_profile_steps_verify_about_as_many_drafts_as_each_length_allows():
+def test_profile_steps_verify_about_as_many_drafts_as_each_length_allows(monkeypatch):
     """Session 36, H100: the profile's drafts were cut short by selective verification, so chains of 3, 7 and
     15 drafts all timed the same (2.82-2.87 ms at batch 64) where GSM8K steps take 2.42 / 2.81 / 3.30 ms. The
-    profile's steps now keep every draft their option allows (device-side steps, as this CPU runs them)."""
+    profile's steps now keep every draft their option allows (device-side steps, as this CPU runs them) from
+    ``FULL_DRAFTS_FROM`` requests on, and not below (a lone request's step is as long as its confident prefix)."""
     spec = {"method": "dflash", "model": "smollm2-135m-instruct-dflash", "execution": "auto"}
     eng = spec_engine(spec, max_num_seqs=1, speculation_profile_steps=0)
     pol = eng.policy
@@ -86,8 +88,13 @@ def test_profile_steps_verify_about_as_many_drafts_as_each_length_allows():
         observe_request(seq, num_draft_tokens, num_accepted, draft_length)
 
     pol.observe_request = recorded
+    monkeypatch.setattr(warmup, "FULL_DRAFTS_FROM", 1)  # uncut drafts from batch 1 on (16 on the GPU)
     profile = eng.profile_speculation(3)
     assert {"decoupled/3@1", "decoupled/7@1", "decoupled@1"} <= set(profile)
     assert set(verified) == {3, 7, 15}
     for length, counts in verified.items():
         assert sum(counts) / len(counts) >= 0.9 * length, (length, counts)
+    verified.clear()
+    monkeypatch.setattr(warmup, "FULL_DRAFTS_FROM", 2)
+    eng.profile_speculation(3)
+    assert sum(verified[15]) / len(verified[15]) < 0.6 * 15, verified  # batch 1: cut by confidence
