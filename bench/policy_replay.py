@@ -53,6 +53,7 @@ class _Seq:
     max_tokens: int
     num_emitted: int = 1  # the first token comes from prefill
     has_drafts: bool = False
+    draft_length: int = 0  # the most drafts its option allowed when they were proposed
     spec_tokens_per_step: float | None = None
     spec_estimate_weight: float = 1.0
     spec_num_verifications: int = 0
@@ -101,31 +102,37 @@ class StepTimes:
         return self.mean(mode, num_seqs, prefill) * math.exp(self.rng.gauss(0.0, self.noise))
 
 
-def _runs_by_mode(doc: dict[str, Any], method: str, dataset: str | None):
+def _runs_by_mode(doc: dict[str, Any], method: str, dataset: str | None, k: int | None = None):
     """(mode, run) for every run with step times of the plain system ("plain") and of ``method``'s systems
-    (their ``execution``: "decoupled", "parallel", or "auto" / None), of ``dataset`` or all."""
+    (their ``execution``: "decoupled", "parallel", or "auto" / None), of ``dataset`` or all. A decoupled
+    system of fewer drafts than ``k`` is the policy's option "decoupled/N" (N its ``num_speculative_tokens``)."""
     for r in doc["runs"]:
         if "step_time" not in r or (dataset and r["dataset"] != dataset):
             continue
         cfg = r.get("speculative_config") or {}
         if r["system"] != "plain" and cfg.get("method") != method:
             continue
-        yield ("plain" if r["system"] == "plain" else cfg.get("execution")), r
+        mode = "plain" if r["system"] == "plain" else cfg.get("execution")
+        n = r.get("num_speculative_tokens")
+        if mode == "decoupled" and k is not None and n is not None and n < k:
+            mode = f"decoupled/{n}"
+        yield mode, r
 
 
 def step_times_from_spec_bench(
-    doc: dict[str, Any], method: str, dataset: str | None = None
+    doc: dict[str, Any], method: str, dataset: str | None = None, k: int | None = None
 ) -> tuple[dict, dict]:
     """(truth table {mode: {batch: seconds}}, warm-up profile {(mode, bucket): seconds}) from a spec_bench JSON:
     the plain system's and ``method``'s fixed-execution systems' mean decode-step time per batch size (averaged
-    over datasets unless ``dataset``), and ``method``'s first ``auto`` system's ``speculation_profile_ms``.
+    over datasets unless ``dataset``; systems of fewer drafts than ``k`` as "decoupled/N", see
+    ``_runs_by_mode``), and ``method``'s first ``auto`` system's ``speculation_profile_ms``.
 
     Raises:
         ValueError: no plain system, or no fixed-execution system of ``method``."""
     sums: dict[str, dict[int, list[float]]] = {}
     profile: dict[tuple[str, int], float] = {}
-    for mode, r in _runs_by_mode(doc, method, dataset):
-        if mode not in ("plain", "decoupled", "parallel"):  # an auto system: its warm-up profile only
+    for mode, r in _runs_by_mode(doc, method, dataset, k):
+        if mode in (None, "auto"):  # an auto system: its warm-up profile only
             if not profile and r.get("speculation_profile_ms"):
                 for key, ms in r["speculation_profile_ms"].items():
                     m, b = key.split("@")
@@ -142,15 +149,15 @@ def step_times_from_spec_bench(
 
 
 def prefill_step_times_from_spec_bench(
-    doc: dict[str, Any], method: str, dataset: str | None = None
+    doc: dict[str, Any], method: str, dataset: str | None = None, k: int | None = None
 ) -> dict[str, dict[int, float]]:
     """{mode: {batch: seconds}}: the mean time of the steps that also prefilled, per fixed-mode system of
     ``method`` and the plain system, from each run's ``step_time`` (all steps' total less the decode steps';
     averaged over datasets unless ``dataset``). Runs without step counts or without such steps are skipped."""
     sums: dict[str, dict[int, list[float]]] = {}
-    for mode, r in _runs_by_mode(doc, method, dataset):
+    for mode, r in _runs_by_mode(doc, method, dataset, k):
         every, decode = r["step_time"].get("all_steps"), r["step_time"]["decode_steps"]
-        if mode not in ("plain", "decoupled", "parallel") or not every or "num_steps" not in decode:
+        if mode in (None, "auto") or not every or "num_steps" not in decode:
             continue
         n = every["num_steps"] - decode["num_steps"]
         if n > 0:
@@ -215,24 +222,27 @@ class Replay:
                 joined = True
             n = len(running)
             if mode is None:
-                decision = self.policy.decide(_Sched([_Scheduled(s) for s in running]))
-                chosen = decision.mode
+                chosen = self.policy.decide(_Sched([_Scheduled(s) for s in running])).option
             else:
                 chosen = mode
+            length = self.policy.lengths.get(chosen, self.k)  # drafts it allows ("decoupled/3": 3)
             counts[chosen] = counts.get(chosen, 0) + 1
             metrics = SpecDecodingMetrics()
             verifying = [s.has_drafts for s in running]
             cost_mode = chosen
-            if chosen == "plain" and any(verifying):
-                cost_mode = prev if prev in self.times.modes() and prev != "plain" else self._spec_mode()
+            if any(verifying) and prev in self.times.modes() and prev != "plain":
+                cost_mode = prev  # the step verifies prev's drafts (drafting costs the same for every length)
+            elif chosen == "plain" and any(verifying):
+                cost_mode = self._spec_mode()
             seconds = self.times.sample(cost_mode, n, prefill=joined)
             if prev == "plain" and chosen != "plain":
                 seconds *= self.enter_cost
             elif chosen == "plain" and cost_mode != "plain":
                 seconds *= self.exit_cost
             clock += seconds
+            verified_length = 0
             for s, verifies in zip(running, verifying):
-                drafts = min(self.k, max(s.remaining - 1, 0)) if verifies else 0
+                drafts = min(s.draft_length, max(s.remaining - 1, 0)) if verifies else 0
                 accepted = 0
                 if drafts:
                     a = s.trace[s.num_emitted]
@@ -242,15 +252,23 @@ class Replay:
                 tokens += emit
                 metrics.observe(drafts, accepted)
                 if mode is None and (drafts or chosen == "plain"):  # as the engine: entry steps age nothing
-                    self.policy.observe_request(s, drafts, accepted)
-                s.has_drafts = chosen != "plain"
+                    self.policy.observe_request(s, drafts, accepted, s.draft_length if drafts else None)
+                    verified_length = max(verified_length, s.draft_length if drafts else 0)
+                s.has_drafts, s.draft_length = chosen != "plain", length
             if prev == "plain" and chosen != "plain":
                 entries += 1
             elif prev not in (None, "plain") and chosen == "plain" and prev_prev == "plain":
                 single += 1  # left speculation right after entering it
             if mode is None:
                 timed = None if joined else seconds  # the engine times decode steps only
-                self.policy.observe(chosen, n, timed, metrics.per_position_acceptance, previous=prev)
+                self.policy.observe(
+                    chosen,
+                    n,
+                    timed,
+                    metrics.per_position_acceptance,
+                    previous=prev,
+                    verified_length=verified_length or None,
+                )
             prev_prev, prev = prev, chosen
             running = [s for s in running if s.remaining > 0]
         return {
@@ -382,11 +400,13 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         _load(args.step_times, "flexspec.bench.spec/"),
     )
     spec = json.loads(traces_doc["config"]["speculative_config"])
-    table, profile = step_times_from_spec_bench(bench_doc, spec["method"])
-    prefill = {} if args.no_prefill_cost else prefill_step_times_from_spec_bench(bench_doc, spec["method"])
+    k = traces_doc["num_speculative_tokens"]
+    table, profile = step_times_from_spec_bench(bench_doc, spec["method"], k=k)
+    prefill = (
+        {} if args.no_prefill_cost else prefill_step_times_from_spec_bench(bench_doc, spec["method"], k=k)
+    )
     rng = random.Random(args.seed)
     times = StepTimes(table, args.noise, rng, prefill)
-    k = traces_doc["num_speculative_tokens"]
     traces = {d: [t["accepted"] for t in ts] for d, ts in traces_doc["traces"].items()}
     if args.datasets is not None:
         order = [d.strip() for d in args.datasets.split(",") if d.strip()]
@@ -452,7 +472,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.policy_repl
         log(
             f"{p['dataset']:9s} b={p['batch_size']:<3d} auto/plain {p['auto_vs_plain']:.3f}  "
             f"auto/best {p['auto_vs_best']:.3f}  "
-            + "  ".join(f"{m} {p[m]:.0f}" for m in ("plain", "decoupled", "parallel", "auto") if m in p)
+            + "  ".join(
+                f"{m} {p[m]:.0f}"
+                for m in p
+                if m == "plain" or m == "auto" or m.startswith(("decoupled", "parallel"))
+            )
             + f"  steps {p['auto_steps']}"
         )
     return doc

@@ -30,9 +30,10 @@ Step times:
   decoding's time changes between the two buckets; so a new batch size does not re-measure every option:
   only options whose estimate is within ``PLAUSIBLE`` of the best are measured there (the best one is
   simply used, which measures it);
-* the runner-up is re-measured (plain: ``PROBE_STEPS`` consecutive steps; a speculative mode: its draftless
-  first step and ``PROBE_VERIFICATIONS`` verifying ones, which also refresh G) if its estimate is within ``PROBE_WITHIN``
-  of the best, after ``REEXPLORE_EVERY`` decisions of a bucket, then after twice as many each time, up to
+* an option other than the best is re-measured (plain: ``PROBE_STEPS`` consecutive steps; a speculative mode: its
+  draftless first step and ``PROBE_VERIFICATIONS`` verifying ones, which also refresh G) if its estimate is within
+  ``PROBE_WITHIN`` of the best (of several, the one measured longest ago: ``_probe_target``; with two options the
+  runner-up), after ``REEXPLORE_EVERY`` decisions of a bucket, then after twice as many each time, up to
   ``REEXPLORE_MAX``, so an estimate made under unlucky conditions (or a batch of requests whose estimates are
   low) does not lock a mode out, and a mode that keeps losing costs ever fewer probes (session 12, H200, batch
   1: probes every 64 steps were most of the 5% of speculative steps FlexDraft ``auto`` took on MT-Bench, and
@@ -188,18 +189,34 @@ class SpeculationPolicy(MALEstimates):
             self.probe = (mode, left - 1)
             return self._decision(mode)
         due, interval = self.probe_due.get(bucket, (tuning.REEXPLORE_EVERY - 1, tuning.REEXPLORE_EVERY))
-        if (
-            count >= due
-            and rates[ranked[1]] >= tuning.PROBE_WITHIN * best
-            and count >= due - interval + self._probe_gap(ranked[0], ranked[1], bucket, tokens)
+        target = self._probe_target(ranked, rates, bucket) if count >= due else None
+        if target is not None and count >= due - interval + self._probe_gap(
+            ranked[0], target, bucket, tokens
         ):
             interval = min(2 * interval, tuning.REEXPLORE_MAX)
             self.probe_due[bucket] = (count + interval, interval)
-            steps = tuning.PROBE_STEPS if ranked[1] == "plain" else 1 + tuning.PROBE_VERIFICATIONS
-            self.probe = (ranked[1], steps - 1)
-            self.probe_estimate = (ranked[1], bucket, self.step_time(ranked[1], bucket) or 0.0)
-            return self._decision(ranked[1])
+            steps = tuning.PROBE_STEPS if target == "plain" else 1 + tuning.PROBE_VERIFICATIONS
+            self.probe = (target, steps - 1)
+            self.probe_estimate = (target, bucket, self.step_time(target, bucket) or 0.0)
+            return self._decision(target)
         return self._decision(ranked[0])
+
+    def _probe_target(self, ranked: list[str], rates: dict[str, float], bucket: int) -> str | None:
+        """The option a due probe re-measures: of those (but the best) whose expected rate is within
+        ``PROBE_WITHIN`` of the best, the one whose step time at ``bucket`` was measured longest ago (first in
+        rank on ties), so probes cycle through the plausible options; with two options, the runner-up. Probing
+        the runner-up only left a third option's estimate as the warm-up profile set it (replay over session
+        36's H100 times: GSM8K b=64 ran full-length chains, 0.90 of the chains of 3 drafts it never re-measured)."""
+        floor = tuning.PROBE_WITHIN * rates[ranked[0]]
+        plausible = [m for m in ranked[1:] if rates[m] >= floor]
+        if not plausible:
+            return None
+
+        def measured_at(mode: str) -> int:
+            stat = self.step_times.get((mode, bucket))
+            return stat.recorded_at if stat is not None and stat.n else -1
+
+        return min(plausible, key=measured_at)
 
     def _probe_gap(self, best: str, runner_up: str, bucket: int, tokens: dict[str, float]) -> float:
         """Decisions since the bucket's last probe before the runner-up may be probed again, so that probes

@@ -183,3 +183,24 @@ def test_bad_input_is_one_usage_error(tmp_path, capsys, change, message):
     with pytest.raises(SystemExit) as exc:
         replay_main(args)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_replay_chooses_among_chain_lengths(tmp_path):
+    """A spec_bench system of fewer drafts than the traces' k is the policy's "decoupled/N" option: with 2 drafts
+    accepted everywhere, chains of 3 (3 tokens per 1.5 ms) beat chains of 8 (3 per 4 ms) and plain decoding (1 per
+    1 ms); auto runs them, its cut chains accepted whole, and no worse than the best fixed mode by much."""
+    args = _docs(tmp_path, 2, {"plain": 1.0, "spec": 4.0})
+    bench = json.loads((tmp_path / "b.json").read_text())
+    for b in (1, 4):
+        bench["runs"].append(
+            {"dataset": "gsm8k", "system": "dflash-k3", "batch_size": b, "num_speculative_tokens": 3,
+             "speculative_config": {"method": "dflash", "execution": "decoupled", "num_speculative_tokens": 3},
+             "step_time": {"decode_steps": {"step_ms": 1.5, "num_steps": 100}}}
+        )  # fmt: skip
+    (tmp_path / "b.json").write_text(json.dumps(bench))
+    doc = replay_main([*args, "--max-tokens", "64"])
+    assert doc["table_ms"]["decoupled/3"] == {1: 1.5, 4: 1.5}
+    for p in doc["points"]:
+        assert p["decoupled/3"] > 1.5 * p["plain"] > 1.5 * p["decoupled"]
+        assert p["auto_steps"].get("decoupled/3", 0) > 0.8 * sum(p["auto_steps"].values()), p["auto_steps"]
+        assert p["auto_vs_best"] > 0.9

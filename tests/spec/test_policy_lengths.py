@@ -200,3 +200,20 @@ def test_engine_runs_the_chosen_lengths_exactly(plain_128):
     assert any(a == d == 3 for d, a, length in verified if length == 3)  # cut chains accepted whole: imputed
     assert {"decoupled/3", "decoupled/7", "decoupled", "plain"} <= set(pol.mode_counts)
     assert any(key[0] == "decoupled/3" for key in pol.step_times)  # timed as its own option
+
+
+def test_probes_cycle_through_the_plausible_options():
+    """With four options, probing only the runner-up left the others' estimates where the warm-up profile set
+    them: probes now go to the plausible option measured longest ago, so each one is re-measured in turn."""
+    pol = _dflash_policy()
+    seqs = _trained(pol, 3.3, GSM8K_ACCEPTANCE)
+    decided, prev = [], None
+    for _ in range(1000):
+        d = pol.decide(_sched(seqs))
+        decided.append(d.option)
+        ms = STEP_MS[64][prev if prev not in (None, "plain") and d.option != "plain" else d.option]
+        pol.observe(d.option, 64, ms / 1e3, None, previous=prev)
+        prev = d.option
+    best = max(set(decided), key=decided.count)
+    assert best == "decoupled/7"
+    assert {"decoupled/3", "decoupled"} <= set(decided)  # both other chain lengths were re-measured
