@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    TypeAdapter,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class _SpecBase(BaseModel):
@@ -39,7 +48,7 @@ class _SpecBase(BaseModel):
         "block) as one CUDA graph per (query length, batch size) where the drafter supports it (DFlash); "
         "false = launch it eagerly (A/B checks).",
     )
-    draft_lengths: list[int] | None = Field(
+    draft_lengths: list[StrictInt] | None = Field(
         None,
         min_length=1,
         description="With execution auto: the draft lengths the policy chooses among per batch (each 1 .. "
@@ -63,12 +72,25 @@ class _SpecBase(BaseModel):
             raise ValueError(f"execution 'parallel' needs method 'flexdraft', not {method!r}")
         return self
 
-    @model_validator(mode="after")
-    def _lengths_within_k(self) -> _SpecBase:
-        k = self.num_speculative_tokens
-        bad = [n for n in self.draft_lengths or [] if not 1 <= n <= k]
+    @field_validator("draft_lengths")
+    @classmethod
+    def _lengths_within_k(cls, lengths: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if lengths is None:
+            return None
+        k = info.data.get("num_speculative_tokens")  # absent when it failed its own validation
+        bad = [n for n in lengths if k is not None and not 1 <= n <= k]
         if bad:
-            raise ValueError(f"draft_lengths {bad} must lie within 1 .. num_speculative_tokens ({k})")
+            raise ValueError(f"{bad} must lie within 1 .. num_speculative_tokens ({k})")
+        if info.data.get("execution", "auto") != "auto":
+            raise ValueError(
+                "needs execution 'auto' (a fixed execution always drafts num_speculative_tokens)"
+            )
+        return lengths
+
+    @model_validator(mode="after")
+    def _lengths_for_chains(self) -> _SpecBase:
+        if self.draft_lengths is not None and getattr(self, "draft_tree_topk", 1) > 1:
+            raise ValueError("draft_lengths applies to chains, not to draft trees (draft_tree_topk > 1)")
         return self
 
     def policy_draft_lengths(self) -> list[int]:
@@ -189,7 +211,8 @@ SpeculativeConfig = Annotated[
     Field(discriminator="method"),
 ]
 
-_adapter: TypeAdapter = TypeAdapter(SpeculativeConfig)
+# titled: errors read "1 validation error for speculative_config", not the tagged union's validator chain
+_adapter: TypeAdapter = TypeAdapter(SpeculativeConfig, config=ConfigDict(title="speculative_config"))
 
 
 def parse_speculative_config(data: dict | str) -> SpeculativeConfig:

@@ -93,7 +93,7 @@ def spec_counters(metrics_text: str) -> dict[str, float]:
 
 
 def spec_summary(counters: dict[str, float]) -> str:
-    """``speculative decoding: mean acceptance length 2.05 (accepted 101 of 615 draft tokens, 98 drafts)``."""
+    """``speculative decoding: mean acceptance length 2.05 (accepted 101 of 615 draft tokens in 98 verifications)``."""
     drafts = counters.get("vllm:spec_decode_num_drafts")
     if drafts is None:
         return "speculative decoding: off"
@@ -112,7 +112,7 @@ def spec_summary(counters: dict[str, float]) -> str:
     )
     return (
         f"speculative decoding: mean acceptance length {1 + accepted / drafts:.2f} "
-        f"(accepted {accepted:.0f} of {draft_tokens:.0f} draft tokens, {drafts:.0f} drafts){share}"
+        f"(accepted {accepted:.0f} of {draft_tokens:.0f} draft tokens in {drafts:.0f} verifications){share}"
     )
 
 

@@ -139,7 +139,8 @@ class SpeculationPolicy(MALEstimates):
         if spec.execution == "parallel" and spec.method != "flexdraft":
             raise ValueError(f"execution 'parallel' needs method 'flexdraft', not {spec.method!r}")
         k = spec.num_speculative_tokens
-        shorter = [] if getattr(spec, "draft_tree_topk", 1) > 1 else spec.policy_draft_lengths()[:-1]
+        chains = spec.execution == "auto" and getattr(spec, "draft_tree_topk", 1) == 1
+        shorter = spec.policy_draft_lengths()[:-1] if chains else []  # chain lengths the policy chooses among
         self.lengths = {"plain": 0, **{f"decoupled/{n}": n for n in shorter}, "decoupled": k, "parallel": k}
         self.options = ["plain", *(f"decoupled/{n}" for n in shorter), "decoupled"]
         self.options += ["parallel"] if spec.method == "flexdraft" else []

@@ -67,7 +67,7 @@ def test_demo_prints_the_answer_and_the_acceptance_summary(engine):
     assert answer == ref.text  # speculation (FlexDraft, config default) is lossless at T=0
     assert int(summary.group(1)) == len(ref.token_ids)
     assert re.fullmatch(
-        r"speculative decoding: mean acceptance length \d+\.\d\d \(accepted \d+ of \d+ draft tokens, \d+ drafts\); "
+        r"speculative decoding: mean acceptance length \d+\.\d\d \(accepted \d+ of \d+ draft tokens in \d+ verifications\); "
         r"the policy speculated in \d+ of \d+ steps \(each speculative stretch starts with a step that has no "
         r"drafts to verify; plain decoding where it expected that to be faster\)",
         summary.group(2),

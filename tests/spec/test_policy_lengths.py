@@ -71,8 +71,17 @@ def test_default_lengths_halve_down_to_3_and_config_errors_name_the_field():
         parse_speculative_config({"method": "dflash", "model": "x", "draft_lengths": [16]})
     with pytest.raises(pydantic.ValidationError, match="draft_lengths"):
         parse_speculative_config({"method": "dflash", "model": "x", "draft_lengths": []})
+    for bad in ([True], [3.0], ["3"]):  # strict: no quiet conversion to 1 / 3
+        with pytest.raises(pydantic.ValidationError, match=r"draft_lengths\.0"):
+            parse_speculative_config({"method": "dflash", "model": "x", "draft_lengths": bad})
+    for unused in ({"execution": "decoupled"}, {"draft_tree_topk": 4}):  # settings that would be ignored
+        with pytest.raises(pydantic.ValidationError, match="draft_lengths"):
+            parse_speculative_config({"method": "dflash", "model": "x", "draft_lengths": [3], **unused})
+    with pytest.raises(pydantic.ValidationError, match="^1 validation error for speculative_config"):
+        parse_speculative_config({"method": "dflash", "model": "x", "draft_lengths": [16]})
     assert _dflash_policy().options == ["plain", "decoupled/3", "decoupled/7", "decoupled"]
     assert _dflash_policy(draft_tree_topk=4).options == ["plain", "decoupled"]  # trees: full length only
+    assert _dflash_policy(execution="decoupled").options == ["plain", "decoupled"]
     assert _dflash_policy(draft_lengths=[15]).options == ["plain", "decoupled"]
 
 
