@@ -120,10 +120,8 @@ class StepTimers:
         rec.num_seqs = len(inp.query_lens) if first else max(rec.num_seqs, len(inp.query_lens))
         rec.num_tokens = inp.num_tokens if first else rec.num_tokens + inp.num_tokens
         rec.decode = decode if first else rec.decode and decode
-        policy = getattr(self.engine, "policy", None)  # its latest decision is this input's (Decision.option)
-        rec.mode = (
-            (policy.last_modes[-1] if policy.last_modes else inp.spec_mode) if policy is not None else "plain"
-        )
+        modes = getattr(getattr(self.engine, "policy", None), "last_modes", None)  # [-1]: this input's option
+        rec.mode = "plain" if modes is None else modes[-1] if modes else inp.spec_mode
         rec.launched = rec.ahead = False
 
     def _propose(self, *args: Any, **kwargs: Any) -> Any:

@@ -230,10 +230,10 @@ class Replay:
             metrics = SpecDecodingMetrics()
             verifying = [s.has_drafts for s in running]
             cost_mode = chosen
-            if any(verifying) and prev in self.times.modes() and prev != "plain":
-                cost_mode = prev  # the step verifies prev's drafts (drafting costs the same for every length)
-            elif chosen == "plain" and any(verifying):
-                cost_mode = self._spec_mode()
+            if chosen == "plain" and any(verifying):
+                cost_mode = prev if prev in self.times.modes() and prev != "plain" else self._spec_mode()
+            elif any(verifying) and chosen.startswith("decoupled") and str(prev).startswith("decoupled"):
+                cost_mode = prev  # another chain length (or the same): the step verifies prev's drafts
             seconds = self.times.sample(cost_mode, n, prefill=joined)
             if prev == "plain" and chosen != "plain":
                 seconds *= self.enter_cost

@@ -175,7 +175,7 @@ class SpeculationPolicy(MALEstimates):
             if last == "plain":
                 for m in self.options[1:]:
                     rates[m] *= self.round_trip_factor(m, bucket, tokens[m])
-            elif last in tokens:  # leaving speculation commits to paying for the return
+            else:  # leaving speculation commits to paying for the return
                 rates["plain"] *= self.round_trip_factor(last, bucket, tokens[last])
         ranked = sorted(self.options, key=rates.__getitem__, reverse=True)
         best = rates[ranked[0]]

@@ -415,11 +415,9 @@ class SpecDecodeWorker:
             if any(p is not None for p in parents):
                 out.draft_parents = parents
         else:
-            cut = (
-                k if inp.verify_all_drafts else None
-            )  # row[-1]: the confident prefix (selective verification)
+            cut = not inp.verify_all_drafts  # to row[-1], the confident prefix (selective verification)
             out.draft_token_ids = [
-                row[K + 2 : K + 2 + min(w, k, cut or row[-1])] for w, row in zip(wanted, rows)
+                row[K + 2 : K + 2 + min(w, k, row[-1] if cut else k)] for w, row in zip(wanted, rows)
             ]
         if self.pending_probs:  # deterministic drafts: no distributions pending
             for sid in inp.seq_ids:

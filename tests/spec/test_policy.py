@@ -370,9 +370,7 @@ def test_batch1_gsm8k_auto_stays_on_speculation_and_returns_soon_after_plain_ste
         calls.extend(seq.seq_id for seq in seqs)
         age_requests(seqs)
 
-    pol.observe = lambda mode, n, seconds, acc, previous=None, **kw: observe(
-        mode, n, cost[mode], acc, previous, **kw
-    )
+    pol.observe = lambda m, n, _s, acc, previous=None, **kw: observe(m, n, cost[m], acc, previous, **kw)
     pol.observe_request, pol.age_requests = counted_observe_request, counted_age_requests
     pol.decide = lambda sched: modes.append(decide(sched).mode) or Decision(modes[-1], 0 if modes[-1] == "plain" else
                                                                              pol.spec.num_speculative_tokens)  # fmt: skip
