@@ -3,6 +3,7 @@
     TRITON_INTERPRET=0 python -m bench.kernels_bench [--sweep]
     TRITON_INTERPRET=0 python -m bench.kernels_bench --split-kv [--json out.json]
     TRITON_INTERPRET=0 python -m bench.kernels_bench --argmax [--json out.json]
+    TRITON_INTERPRET=0 python -m bench.kernels_bench --top1 [--json out.json]
 
 Each attention line: Triton time, effective bandwidth (K/V bytes read once) and TFLOP/s, and the max
 abs difference to the torch reference. ``--sweep`` also times other tile configurations. ``--split-kv``
@@ -11,6 +12,10 @@ batch 1-64 and contexts 128-2048 with 1-16 splits and the launcher's own choice,
 30 launches (one per layer) replayed in a CUDA graph, us per launch (median of 20 replays). ``--argmax`` times
 greedy sampling's argmax over [N, 49152] fp32 logits (N = 1, 8, 64) in a CUDA graph: ``torch.argmax`` and
 ``flexspec_kernels.argmax`` at several tile widths and warp counts (each checked equal to torch's, ties included).
+``--top1`` times a drafter's greedy drafts with their confidence over [N, 49152] bf16 LM-head output (N = 15,
+240, 960: a block of 15 drafts at batch 1, 16, 64) in a CUDA graph: the torch path (fp32 copy, softmax, max)
+and ``flexspec_kernels.top1_softmax`` at several tile widths and warp counts (indices checked equal to torch's,
+probabilities to 1e-5 relative).
 """
 
 import json
@@ -33,6 +38,8 @@ from flexspec_kernels import (
     paged_attention_triton,
     rejection_sample,
     store_kv_cache,
+    top1_softmax_ref,
+    top1_softmax_triton,
 )
 
 DEV = "cuda"
@@ -162,6 +169,34 @@ def argmax_sweep(json_path=None):
             json.dump(res, f, indent=1)
 
 
+def top1_sweep(json_path=None):
+    """Top-1 token + softmax probability over [N, 49152] bf16 logits in a CUDA graph (us per call): the torch
+    path vs ``flexspec_kernels.top1_softmax``."""
+    from flexspec.layers.fused import graph_time_us
+
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    for n in (15, 240, 960):
+        x = (torch.randn(n, 49152, device=DEV) * 3).to(torch.bfloat16)
+        x[:, 777] = x[:, 40000] = 30.0  # a tie: the lowest index wins
+        want_p, want_i = top1_softmax_ref(x)
+        row = {"torch_us": round(graph_time_us(lambda x=x: top1_softmax_ref(x)), 2)}
+        for block in (1024, 2048, 4096, 8192):
+            for warps in (4, 8, 16):
+                fn = lambda x=x, b=block, w=warps: top1_softmax_triton(x, b, w)
+                p, i = fn()
+                if not torch.equal(i, want_i):
+                    raise AssertionError(
+                        f"top1_softmax_triton(block={block}, num_warps={warps}) index at N={n}"
+                    )
+                torch.testing.assert_close(p, want_p, rtol=1e-5, atol=1e-7)
+                row[f"b{block}_w{warps}_us"] = round(graph_time_us(fn), 2)
+        res[n] = row
+        print(n, row, flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def main():
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
@@ -171,6 +206,9 @@ def main():
         return
     if "--argmax" in sys.argv:
         argmax_sweep(sys.argv[i + 1] if i >= 0 else None)
+        return
+    if "--top1" in sys.argv:
+        top1_sweep(sys.argv[i + 1] if i >= 0 else None)
         return
     hq, hkv, d = 32, 8, 128
 

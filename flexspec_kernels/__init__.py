@@ -19,6 +19,7 @@ from .rejection import (
     rejection_sample_triton,
 )
 from .rotary import rotary_embedding, rotary_embedding_ref, rotary_embedding_triton
+from .top1 import top1_softmax, top1_softmax_ref, top1_softmax_triton
 
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
@@ -48,4 +49,7 @@ __all__ = [
     "store_kv_cache",
     "store_kv_cache_ref",
     "store_kv_cache_triton",
+    "top1_softmax",
+    "top1_softmax_ref",
+    "top1_softmax_triton",
 ]

@@ -42,6 +42,9 @@ def main(
     batch_size: int = typer.Option(1),
     max_tokens: int = typer.Option(128),
     out: str = typer.Option("policy_log.json"),
+    force: str | None = typer.Option(
+        None, help="hold every decision on this option (e.g. plain, decoupled/3), after the warm-up profile"
+    ),
 ) -> None:
     """Log every decision of the auto speculation policy on real prompts (see the module doc); JSON out."""
     engine = LLMEngine(
@@ -55,6 +58,11 @@ def main(
     policy = engine.policy
     if policy is None or policy.spec.execution != "auto":
         raise typer.BadParameter("needs a speculative config with execution 'auto'")
+    if force is not None and force not in policy.options:
+        raise typer.BadParameter(
+            f"--force {force!r} is not one of the policy's options {list(policy.options)}"
+        )
+    policy.forced = force
     log: list[dict] = []
     decide = policy.decide
 
@@ -89,7 +97,7 @@ def main(
     timed: list[dict] = []  # every step the engine reported: its mode, wall time, and whether it was recorded
     observe = policy.observe
 
-    def observed(mode, num_seqs, seconds, per_position_acceptance, previous=None):
+    def observed(mode, num_seqs, seconds, per_position_acceptance, previous=None, verified_length=None):
         previous = policy.previous_mode(mode, previous)
         timed.append(
             {
@@ -102,7 +110,14 @@ def main(
                 "accepted": round(sum(per_position_acceptance), 3) if per_position_acceptance else None,
             }
         )
-        observe(mode, num_seqs, seconds, per_position_acceptance, previous=previous)
+        observe(
+            mode,
+            num_seqs,
+            seconds,
+            per_position_acceptance,
+            previous=previous,
+            verified_length=verified_length,
+        )
 
     policy.observe = observed
     prompts = [
@@ -112,7 +127,8 @@ def main(
     t0 = time.perf_counter()
     outs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
     wall = time.perf_counter() - t0
-    modes = "".join({"plain": "p", "decoupled": "d", "parallel": "q"}[e["mode"]] for e in log)
+    # one letter per decision: p(lain), d(ecoupled, any chain length), q (parallel)
+    modes = "".join({"plain": "p", "parallel": "q"}.get(e["mode"], "d") for e in log)
     plain_runs = [len(r) for r in modes.replace("d", " ").replace("q", " ").split() if r]
     mean = lambda xs: round(statistics.fmean(xs), 3) if xs else None
     summary = {

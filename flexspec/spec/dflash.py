@@ -44,7 +44,7 @@ from flexspec.spec.models.dflash_model import DFlashDraftModel
 from flexspec.spec.models.draft_kv import DraftKVCache
 from flexspec.spec.registry import register
 from flexspec.spec.tree import is_chain, paths_to_tree, top_paths
-from flexspec_kernels import pack_masks
+from flexspec_kernels import pack_masks, top1_softmax
 
 log = logging.getLogger(__name__)
 
@@ -363,7 +363,8 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         positions (the ones that can become drafts): the captured step."""
         hidden = self._block_hidden(bonus, ctx_lens, tables)[:, : self.num_speculative_tokens]
         S, n = hidden.shape[:2]
-        logits = self.model.compute_logits(hidden.reshape(S * n, -1), self.target.lm_head)
+        # the LM head's own dtype: top1_softmax upcasts in registers (no fp32 copy of [S*n, V])
+        logits = self.model.compute_logits(hidden.reshape(S * n, -1), self.target.lm_head, upcast=False)
         return self._greedy(logits.view(S, n, -1))
 
     def _topk_block(
@@ -403,10 +404,11 @@ class DFlashDrafter(DFlashDeviceStep, Drafter):
         return max(1, min(self.num_speculative_tokens, share))
 
     def _greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [S, K, V] -> (argmax drafts [S, K] int64, drafts worth verifying [S] int64, see
-        ``verification_threshold``)."""
-        probs, tokens = logits.softmax(-1).max(-1)
-        return tokens, confident_prefix_len(probs, self.config.verification_threshold)
+        """logits [S, K, V] (any float dtype) -> (argmax drafts [S, K] int64, drafts worth verifying [S] int64,
+        see ``verification_threshold``): top-1 token and probability in one pass (``top1_softmax``)."""
+        S, K, V = logits.shape
+        probs, tokens = top1_softmax(logits.reshape(S * K, V))
+        return tokens.view(S, K), confident_prefix_len(probs.view(S, K), self.config.verification_threshold)
 
     def _cut(self, items: list[SeqDraftInput], drafts: torch.Tensor, keep: torch.Tensor) -> list[list[int]]:
         k = self.num_speculative_tokens

@@ -26,7 +26,7 @@ from flexspec.models.side_stream import SideStream
 from flexspec.spec.base import Drafter, DraftProposal, SeqDraftInput, confident_prefix_len
 from flexspec.spec.models.flexdraft_model import FlexDraftModel
 from flexspec.spec.registry import register
-from flexspec_kernels import expand_mask_groups
+from flexspec_kernels import expand_mask_groups, top1_softmax
 
 
 @register
@@ -101,7 +101,7 @@ class FlexDraftDrafter(Drafter):
         hidden = hidden[:, : self.num_speculative_tokens]
         S, n = hidden.shape[:2]
         logits = self.model.draft_logits(hidden.reshape(S * n, -1), bonus.repeat_interleave(n))  # [S*n, V]
-        probs, tokens = logits.softmax(-1).max(-1)
+        probs, tokens = top1_softmax(logits)
         return tokens.view(S, n), confident_prefix_len(probs.view(S, n), self.threshold)
 
     def _decoupled_step(

@@ -286,10 +286,14 @@ class DFlashDraftModel(nn.Module):
         return self.norm(x)
 
     def compute_logits(
-        self, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor]
+        self, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], upcast: bool = True
     ) -> torch.Tensor:
-        """[N, H] -> fp32 [N, V] with the target's LM head (+ the checkpoint's multiplier / soft cap)."""
-        logits = lm_head(hidden).float()
+        """[N, H] -> fp32 [N, V] with the target's LM head (+ the checkpoint's multiplier / soft cap).
+        ``upcast=False``: the LM head's own dtype where neither applies (for a consumer that upcasts itself)."""
+        logits = lm_head(hidden)
+        if not upcast and self.config.output_multiplier == 1.0 and not self.config.final_logit_softcapping:
+            return logits
+        logits = logits.float()
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
