@@ -49,7 +49,7 @@ def _top1_softmax_kernel(x_ptr, prob_ptr, idx_ptr, V, stride, BLOCK: tl.constexp
 
 
 def top1_softmax_triton(
-    x: torch.Tensor, block: int = 4096, num_warps: int = 8
+    x: torch.Tensor, block: int = 4096, num_warps: int = 16
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton launcher of :func:`top1_softmax`: ``x`` [N, V] (unit stride along V) -> (prob [N] fp32,
     index [N] int64). Raises ValueError for other layouts or empty rows."""
