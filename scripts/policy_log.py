@@ -19,6 +19,7 @@ import json
 import statistics
 import time
 
+import pydantic
 import typer
 
 from configs import EngineConfig, SamplingParams
@@ -43,18 +44,23 @@ def main(
     max_tokens: int = typer.Option(128),
     out: str = typer.Option("policy_log.json"),
     force: str | None = typer.Option(
-        None, help="hold every decision on this option (e.g. plain, decoupled/3), after the warm-up profile"
+        None,
+        help="hold every decision on this option (plain, decoupled/L, decoupled, parallel: the policy's "
+        "options) after the warm-up profile (on a GPU; off on CPU); the steps' wall times are logged, the "
+        "policy's estimates stay the profile's",
     ),
 ) -> None:
     """Log every decision of the auto speculation policy on real prompts (see the module doc); JSON out."""
-    engine = LLMEngine(
-        EngineConfig(
+    try:
+        config = EngineConfig(
             model=model,
             max_model_len=2048,
             max_num_seqs=batch_size,
             speculative_config=json.loads(speculative_config),
         )
-    )
+    except (json.JSONDecodeError, pydantic.ValidationError) as e:
+        raise typer.BadParameter(str(e), param_hint="--speculative-config") from None
+    engine = LLMEngine(config)
     policy = engine.policy
     if policy is None or policy.spec.execution != "auto":
         raise typer.BadParameter("needs a speculative config with execution 'auto'")
