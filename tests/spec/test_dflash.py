@@ -192,6 +192,21 @@ def test_default_target_layer_ids_spread_from_1_to_l_minus_3():
     assert default_target_layer_ids(30, 1) == [15]
 
 
+def test_logits_stay_in_the_heads_dtype_only_without_multiplier_or_cap(engine):
+    """``compute_logits(upcast=False)`` (the captured greedy step, which upcasts in ``top1_softmax``) returns the
+    LM head's bf16 output as is, but a checkpoint's multiplier / soft cap still apply in fp32."""
+    head = torch.nn.Linear(8, 32, bias=False).to(torch.bfloat16)
+    h = torch.randn(3, 8).to(torch.bfloat16)
+    raw = DFlashDraftModel(tiny_dflash_config(engine.spec)).compute_logits(h, head, upcast=False)
+    assert raw.dtype == torch.bfloat16 and torch.equal(raw, head(h))
+    capped = DFlashDraftModel(
+        tiny_dflash_config(engine.spec, output_multiplier=2.0, final_logit_softcapping=0.5)
+    )
+    got = capped.compute_logits(h, head, upcast=False)
+    assert got.dtype == torch.float32 and torch.equal(got, capped.compute_logits(h, head))
+    assert torch.allclose(got, torch.tanh(head(h).float() * 2.0 / 0.5) * 0.5)
+
+
 # ---- numerics ----------------------------------------------------------------------------------------------
 def test_cached_context_matches_dense_training_forward(engine, dflash_dir):
     runner = engine.executor.runner
