@@ -37,7 +37,13 @@ Step times:
   ``REEXPLORE_MAX``, so an estimate made under unlucky conditions (or a batch of requests whose estimates are
   low) does not lock a mode out, and a mode that keeps losing costs ever fewer probes (session 12, H200, batch
   1: probes every 64 steps were most of the 5% of speculative steps FlexDraft ``auto`` took on MT-Bench, and
-  cost it ~3% of plain decoding's throughput); a probe that measures far from the estimate
+  cost it ~3% of plain decoding's throughput); near a tie the interval does not grow: a probe of an option
+  whose expected rate is at least ``PROBE_NEAR_TIE`` of the best's leaves it at ``REEXPLORE_EVERY`` (such a probe
+  costs little, and a wrong choice there is what acceptance noise produces: ``bench.policy_replay`` over session
+  33's traces, 8 seeds each, GSM8K b=1 with the break-even MAL near GSM8K's own had ``auto`` hold new requests on
+  plain decoding between probes 1024 decisions apart, 0.864 of always-decoupled in one seed; worst point of 21
+  0.864 -> 0.914 with session 37's H100 step times, 0.882 -> 0.915 with session 36's, means 0.9794 -> 0.9828 and
+  0.9836 -> 0.9820); a probe that measures far from the estimate
   (``PROBE_SURPRISE``) restarts the back-off; and probes are spaced so that their expected cost stays within
   ``PROBE_BUDGET`` of the bucket's throughput (``_probe_gap``; H100, b=64, plain 1.13 ms and decoupled DFlash
   3.25 ms per step: at MT-Bench's MAL 1.95 a probe loses 4.2 ms, so probes come >= 373 decisions apart instead of
@@ -194,7 +200,8 @@ class SpeculationPolicy(MALEstimates):
         if target is not None and count >= due - interval + self._probe_gap(
             ranked[0], target, bucket, tokens
         ):
-            interval = min(2 * interval, tuning.REEXPLORE_MAX)
+            near_tie = rates[target] >= tuning.PROBE_NEAR_TIE * rates[ranked[0]]
+            interval = tuning.REEXPLORE_EVERY if near_tie else min(2 * interval, tuning.REEXPLORE_MAX)
             self.probe_due[bucket] = (count + interval, interval)
             steps = tuning.PROBE_STEPS if target == "plain" else 1 + tuning.PROBE_VERIFICATIONS
             self.probe = (target, steps - 1)

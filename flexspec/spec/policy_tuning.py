@@ -6,6 +6,9 @@ the ``*_KEEP`` values follow their ``*_HALF_LIFE`` and are recomputed by whoever
 WARMUP_SAMPLES = 3  # measurements per (mode, bucket) before the policy trusts it
 REEXPLORE_EVERY = 64  # decisions per bucket before the first re-measurement of the runner-up
 REEXPLORE_MAX = 1024  # the interval doubles after each re-measurement, up to this many decisions
+PROBE_NEAR_TIE = (
+    0.9  # a probe of an option at least this share of the best's rate does not double the interval
+)
 PROBE_SURPRISE = 0.2  # a probe's time this far from the estimate restarts the bucket's probe back-off
 SWITCH_HORIZON = 16  # speculative steps over which entering speculation (one draftless step) must pay
 PROBE_STEPS = 2  # consecutive steps of a re-measurement of plain (the first, a switch step, is timed as one)
