@@ -146,55 +146,56 @@ def split_kv_sweep(json_path=None):
             )
 
 
-def argmax_sweep(json_path=None):
-    """Greedy argmax over [N, 49152] fp32 logits in a CUDA graph (us per call): torch vs ``flexspec_kernels.argmax``."""
+def _row_kernel_sweep(inputs, torch_fn, triton_fn, check, json_path=None):
+    """Time ``torch_fn(x)`` and ``triton_fn(x, block, num_warps)`` at every tile width / warp count in a CUDA
+    graph (us per call) for each ``x`` of ``inputs`` ({N: [N, V] tensor}); ``check(got, want, label)`` raises
+    on a wrong result. Prints one row per N and writes them to ``json_path``."""
     from flexspec.layers.fused import graph_time_us
 
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    for n in (1, 8, 64):
-        x = torch.randn(n, 49152, device=DEV) * 3
-        x[:, 777] = x[:, 40000] = 100.0  # a tie: the lowest index wins
-        want = x.argmax(-1)
-        row = {"torch_us": round(graph_time_us(lambda x=x: x.argmax(-1)), 2)}
+    for n, x in inputs.items():
+        want = torch_fn(x)
+        row = {"torch_us": round(graph_time_us(lambda x=x: torch_fn(x)), 2)}
         for block in (1024, 2048, 4096, 8192):
             for warps in (4, 8, 16):
-                fn = lambda x=x, b=block, w=warps: argmax_triton(x, b, w)
-                if not torch.equal(fn(), want):
-                    raise AssertionError(f"argmax_triton(block={block}, num_warps={warps}) != torch at N={n}")
+                fn = lambda x=x, b=block, w=warps: triton_fn(x, b, w)
+                check(fn(), want, f"block={block}, num_warps={warps}, N={n}")
                 row[f"b{block}_w{warps}_us"] = round(graph_time_us(fn), 2)
         res[n] = row
         print(n, row, flush=True)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(res, f, indent=1)
+
+
+def _logits_with_a_tie(n, dtype, tie):
+    x = (torch.randn(n, 49152, device=DEV) * 3).to(dtype)
+    x[:, 777] = x[:, 40000] = tie  # a tie: the lowest index wins
+    return x
+
+
+def argmax_sweep(json_path=None):
+    """Greedy argmax over [N, 49152] fp32 logits in a CUDA graph (us per call): torch vs ``flexspec_kernels.argmax``."""
+
+    def check(got, want, label):
+        if not torch.equal(got, want):
+            raise AssertionError(f"argmax_triton({label}) != torch")
+
+    inputs = {n: _logits_with_a_tie(n, torch.float32, 100.0) for n in (1, 8, 64)}
+    _row_kernel_sweep(inputs, lambda x: x.argmax(-1), argmax_triton, check, json_path)
 
 
 def top1_sweep(json_path=None):
     """Top-1 token + softmax probability over [N, 49152] bf16 logits in a CUDA graph (us per call): the torch
     path vs ``flexspec_kernels.top1_softmax``."""
-    from flexspec.layers.fused import graph_time_us
 
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    for n in (15, 240, 960):
-        x = (torch.randn(n, 49152, device=DEV) * 3).to(torch.bfloat16)
-        x[:, 777] = x[:, 40000] = 30.0  # a tie: the lowest index wins
-        want_p, want_i = top1_softmax_ref(x)
-        row = {"torch_us": round(graph_time_us(lambda x=x: top1_softmax_ref(x)), 2)}
-        for block in (1024, 2048, 4096, 8192):
-            for warps in (4, 8, 16):
-                fn = lambda x=x, b=block, w=warps: top1_softmax_triton(x, b, w)
-                p, i = fn()
-                if not torch.equal(i, want_i):
-                    raise AssertionError(
-                        f"top1_softmax_triton(block={block}, num_warps={warps}) index at N={n}"
-                    )
-                torch.testing.assert_close(p, want_p, rtol=1e-5, atol=1e-7)
-                row[f"b{block}_w{warps}_us"] = round(graph_time_us(fn), 2)
-        res[n] = row
-        print(n, row, flush=True)
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(res, f, indent=1)
+    def check(got, want, label):
+        if not torch.equal(got[1], want[1]):
+            raise AssertionError(f"top1_softmax_triton({label}): index != torch")
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-7)
+
+    inputs = {n: _logits_with_a_tie(n, torch.bfloat16, 30.0) for n in (15, 240, 960)}
+    _row_kernel_sweep(inputs, top1_softmax_ref, top1_softmax_triton, check, json_path)
 
 
 def main():
