@@ -126,7 +126,7 @@ class DecodeGraphs:
             meta.mask = ((bits[:, None] >> self._bit_index) & 1).bool().view(-1)
             meta.mask_start_loc = self._mask_start_loc[: bs + 1]
         hidden, captured = model(self.input_ids[: bs * self.q], meta, capture_layers=self.capture_layers)
-        return model.compute_logits(hidden), captured
+        return model.compute_logits(hidden, upcast=False), captured
 
     def _capture(self) -> None:
         self.graphs, outputs, self.pool = capture_graphs(self.batch_sizes, self._step, self.pool)

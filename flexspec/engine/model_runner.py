@@ -321,6 +321,7 @@ class ModelRunner:
         rows, _ = graphs.run(step)
         got = self.model.compute_logits(rows)
         want, _ = self.forward(step)  # eager: self.mixed_graphs is not set yet
+        want = want.float()
         return float(((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-6)).max())
 
     @torch.inference_mode()
@@ -418,13 +419,13 @@ class ModelRunner:
             and mixed.can_run(inp)
         ):
             rows, captured = mixed.run(inp)
-            return self.model.compute_logits(rows), captured
+            return self.model.compute_logits(rows, upcast=False), captured
         input_ids, meta = self.build_metadata(inp)
         if inp.prev_token_rows is not None:
             input_ids = prev_tokens[torch.tensor(inp.prev_token_rows).to(self.device, non_blocking=True)]
         kwargs = {"side": side} if side is not None else {}
         hidden, captured = self.model(input_ids, meta, capture_layers=inp.capture_layers, **kwargs)
-        logits = self.model.compute_logits(hidden[meta.logits_indices])
+        logits = self.model.compute_logits(hidden[meta.logits_indices], upcast=False)
         return logits, captured
 
     @torch.inference_mode()

@@ -82,7 +82,12 @@ class Gemma3ForCausalLM(nn.Module):
         store_features(self, captured, capture_layers, meta.slot_mapping)
         return self.norm(x), captured
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """[N, H] -> logits [N, V]: fp32 (soft-capped in fp32 where the checkpoint caps them), or the LM head's
+        own dtype with ``upcast=False`` when no soft cap applies (as ``LlamaModel.compute_logits``)."""
+        logits = self.lm_head(hidden)
         cap = self.spec.final_logit_softcapping
+        if not upcast and not cap:
+            return logits
+        logits = logits.float()
         return cap * torch.tanh(logits / cap) if cap else logits

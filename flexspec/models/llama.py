@@ -390,5 +390,9 @@ class LlamaForCausalLM(nn.Module):
         side.out = self.norm(sx + sres) if sres is not None else self.norm(sx)
         return side.out
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """Final-norm hidden states [N, H] -> logits [N, V]: fp32, or with ``upcast=False`` the LM head's own
+        dtype (bf16 on GPU) for consumers that upcast themselves (the engine's sampler, verifier and argmax
+        kernels: a [N, V] fp32 copy costs ~0.1 ms at N = 1024 on an H100)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if upcast else logits
