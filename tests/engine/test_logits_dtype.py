@@ -23,7 +23,11 @@ PROMPTS = [
 def _run(model_dir: str, speculative: dict | None) -> list[tuple]:
     eng = LLMEngine(
         EngineConfig(
-            model=str(model_dir), device="cpu", dtype="bfloat16", max_model_len=256, speculative_config=speculative
+            model=str(model_dir),
+            device="cpu",
+            dtype="bfloat16",
+            max_model_len=256,
+            speculative_config=speculative,
         )
     )
     params = [
