@@ -1,0 +1,77 @@
+"""Where a speculative decoding step's *host* time goes (cProfile over real engine steps).
+
+Usage: python scripts/profile_spec_host.py SPEC_JSON [BATCH_SIZES] [OUT_DIR]
+
+Fills the batch with greedy requests (EOS ignored), warms up, times ``STEPS`` unprofiled ``LLMEngine.step()``
+calls (wall ms per step), then runs ``STEPS`` more under cProfile and prints the functions with the most own
+time and the most cumulative time. On a GPU the time the host waits for the device shows up in the sync calls
+(``tolist``, ``synchronize``); everything else is host work the device may wait for. ``OUT_DIR`` gets one
+pstats text file per batch size. ``SPEC_JSON`` ``null`` profiles the plain engine.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+
+import torch
+
+from configs import EngineConfig, SamplingParams
+from flexspec.engine.llm_engine import LLMEngine
+
+STEPS = int(__import__("os").environ.get("STEPS", "100"))
+PROMPT = "Question: a train travels 60 km in 45 minutes. How far does it go in 2 hours? Explain step by step."
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    sizes = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,64").split(",")]
+    out_dir = sys.argv[3] if len(sys.argv) > 3 else None
+    for bs in sizes:
+        eng = LLMEngine(EngineConfig(model="smollm2-135m-instruct", max_model_len=2048, max_num_seqs=bs,
+                                     speculative_config=spec, speculation_profile_steps=0))  # fmt: skip
+        params = SamplingParams(max_tokens=1800, temperature=0.0, ignore_eos=True)
+        prompt = eng.apply_chat_template([{"role": "user", "content": PROMPT}])
+        for i in range(bs):
+            eng.add_request(prompt, params, request_id=f"r{i}")
+        for _ in range(20):
+            eng.step()
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(STEPS):
+            eng.step()
+        _sync()
+        wall = (time.perf_counter() - t0) / STEPS * 1000
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(STEPS):
+            eng.step()
+        _sync()
+        prof.disable()
+        wall_prof = (time.perf_counter() - t0) / STEPS * 1000
+        text = io.StringIO()
+        stats = pstats.Stats(prof, stream=text)
+        text.write(f"batch {bs}: {wall:.3f} ms per step unprofiled, {wall_prof:.3f} under cProfile\n")
+        stats.sort_stats("tottime").print_stats(40)
+        stats.sort_stats("cumulative").print_stats(60)
+        mal = eng.spec_metrics.as_dict().get("mean_acceptance_length") if spec else None
+        print(f"batch {bs}: {wall:.3f} ms/step unprofiled, {wall_prof:.3f} profiled, MAL {mal}")
+        print(text.getvalue()[:6000])
+        if out_dir:
+            with open(f"{out_dir}/host_b{bs}.txt", "w") as f:
+                f.write(text.getvalue())
+        del eng
+
+
+if __name__ == "__main__":
+    main()
