@@ -314,11 +314,14 @@ def spec_metrics_delta(before: dict[str, Any], after: dict[str, Any], k: int | N
 
 def release_device_memory() -> None:
     """Collect dropped engines / models and give their device memory back (call after deleting every
-    reference to them, timers included)."""
+    reference to them, timers included). Unfreezes first: a frozen dropped engine is never collected."""
     import gc
 
     import torch
 
+    from flexspec.engine.gc_heap import release_frozen
+
+    release_frozen()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()

@@ -70,6 +70,7 @@ def build_engine_system(
     fields every point of it carries), or None after recording why it could not be built."""
     from bench.engine_load import StepTimers, run_closed_loop
     from configs import EngineConfig, SamplingParams
+    from flexspec.engine.gc_heap import freeze_long_lived
     from flexspec.engine.llm_engine import LLMEngine
 
     label, cfg, k = system["label"], system["config"], system["num_speculative_tokens"]
@@ -92,6 +93,7 @@ def build_engine_system(
             )
         )
         init_s = time.perf_counter() - t0
+        freeze_long_lived()  # as the Serve replica does (flexspec.engine.gc_heap): no full-collection stalls
         graphs = cuda_graph_summary(engine)
     except Exception as e:  # noqa: BLE001 - a method that cannot load is a recorded result
         report.doc["errors"].append({"system": label, "stage": "engine init", "error": short_error(e)})

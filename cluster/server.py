@@ -28,7 +28,9 @@ request_log = logging.getLogger("ray.serve.flexspec.requests")
 
 
 def build_engine(args: ServeArgs) -> Any:
-    """The replica's ``LLMEngine``: in-process for TP=1 ``local``, else over a ``RayExecutor`` worker group."""
+    """The replica's ``LLMEngine``: in-process for TP=1 ``local``, else over a ``RayExecutor`` worker group.
+    Its start-up heap is frozen (``flexspec.engine.gc_heap``): the replica process lives as long as it does."""
+    from flexspec.engine.gc_heap import freeze_long_lived
     from flexspec.engine.llm_engine import LLMEngine
 
     cfg = args.engine
@@ -37,7 +39,9 @@ def build_engine(args: ServeArgs) -> Any:
 
         if cfg.device != "cuda":
             torch.set_num_threads(max(1, int(args.cpus_per_worker)))
-        return LLMEngine(cfg)
+        engine = LLMEngine(cfg)
+        freeze_long_lived()
+        return engine
 
     from actors import RayExecutor, WorkerResources
     from actors.ray_executor import resolve_use_gpu
@@ -51,7 +55,9 @@ def build_engine(args: ServeArgs) -> Any:
         execute_timeout_s=args.execute_timeout_s,
         name=f"flexspec-tp-{replica}" if replica != "local" else None,
     )
-    return LLMEngine(cfg, executor=executor)
+    engine = LLMEngine(cfg, executor=executor)
+    freeze_long_lived()
+    return engine
 
 
 class LLMServer:

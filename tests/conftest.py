@@ -36,11 +36,9 @@ def _collect_dropped_engines():
     """An engine dropped by a test (model weights + KV cache, 1-2 GiB on CPU) sits in reference cycles, which
     only a full garbage collection frees, and large tensors never trigger one: two test workers kept ~20 GiB
     of dead engines between them. After a test that left this process >= 512 MiB larger than the last
-    collection did, collect (~0.2 s). Engines freeze what exists when they are built (``flexspec.engine.gc_heap``):
-    unfreeze first, or a dead frozen engine is never collected."""
+    collection did, collect (~0.2 s)."""
     yield
     if os.path.exists("/proc/self/statm") and _rss_mib() - _rss_after_collect[0] >= 512:
-        gc.unfreeze()
         gc.collect()
         _rss_after_collect[0] = _rss_mib()
 

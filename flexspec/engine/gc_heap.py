@@ -1,15 +1,16 @@
-"""Keep CPython's cyclic garbage collector off the engine's long-lived heap (as vLLM's ``freeze_gc_heap``).
+"""Keep CPython's cyclic garbage collector off a serving process's long-lived heap (vLLM's ``freeze_gc_heap``).
 
 A built engine holds ~0.3-1M objects the collector tracks (modules, tokenizer, graph and cache bookkeeping) that
-live as long as it does. Every full (generation-2) collection walks all of them: on an H100 host, one
-``spec_bench`` process over MT-Bench ran 28 such collections of up to 323 ms each (6.5 s in all), which land in
-the middle of decode steps (a 0.3 s stall in a 0.6 s benchmark point; a latency spike for every request in
-flight). ``gc.freeze`` after start-up moves them to the permanent generation, which collections skip; objects
-created while serving (requests, outputs) are collected as before.
+live as long as it does. Every full (generation-2) collection walks all of them: on an H100 host one
+``spec_bench`` process over MT-Bench ran 28 such collections of up to 323 ms each (6.5 s in all); one that lands
+during decoding stalls every request in flight (and a 0.6 s benchmark point). ``gc.freeze`` moves them to the
+permanent generation, which collections skip; objects created while serving (requests, outputs) are collected
+as before.
 
-A dropped engine sits in reference cycles that only the collector frees, so a frozen one would never be freed:
-the next engine built in the same process unfreezes first (``release_frozen``), which restores the behaviour
-without freezing for whatever is garbage by then.
+Used where one engine lives for the process: the Serve replica (``cluster.server.build_engine``) and the
+benchmarks' engines (``bench.systems``). Not in ``LLMEngine`` itself: a library user who drops an engine and
+calls ``gc.collect()`` expects its memory back, and a frozen engine in reference cycles (every engine) is never
+collected until ``release_frozen``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ _unfreeze_at_exit: list[bool] = []
 
 
 def release_frozen() -> None:
-    """Give frozen objects back to the collector (they join the oldest generation; nothing is collected now)."""
+    """Give frozen objects back to the collector (they join the oldest generation; nothing is collected now).
+    Call before ``gc.collect()`` meant to free a dropped engine."""
     if gc.get_freeze_count():
         gc.unfreeze()
 

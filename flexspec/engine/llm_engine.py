@@ -14,7 +14,6 @@ from flexspec.engine.async_scheduling import AsyncSchedulingMixin
 from flexspec.engine.block_manager import BlockManager
 from flexspec.engine.detokenizer import IncrementalDetokenizer, find_stop
 from flexspec.engine.executor import Executor, LocalExecutor
-from flexspec.engine.gc_heap import freeze_long_lived, release_frozen
 from flexspec.engine.input_builder import general_input, plain_decode_input
 from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.outputs import RequestOutput
@@ -80,7 +79,6 @@ class LLMEngine(AsyncSchedulingMixin):
     def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
         from transformers import AutoTokenizer
 
-        release_frozen()  # an engine dropped before this one becomes collectable again (gc_heap)
         self.config = config
         self.executor = executor or LocalExecutor(config)
         self.tokenizer = AutoTokenizer.from_pretrained(
@@ -119,7 +117,6 @@ class LLMEngine(AsyncSchedulingMixin):
             steps = 8 if getattr(self.executor, "device_type", "cpu") == "cuda" else 0
         if steps and self.policy is not None and self.policy.spec.execution == "auto":
             self.speculation_profile = self.profile_speculation(steps)
-        freeze_long_lived()  # full collections skip everything built so far (gc_heap)
 
     # ---- requests -----------------------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
