@@ -6,7 +6,8 @@ Fills the batch with greedy requests (EOS ignored), warms up, times ``STEPS`` un
 calls (wall ms per step), then runs ``STEPS`` more under cProfile and prints the functions with the most own
 time and the most cumulative time. On a GPU the time the host waits for the device shows up in the sync calls
 (``tolist``, ``synchronize``); everything else is host work the device may wait for. ``OUT_DIR`` gets one
-pstats text file per batch size. ``SPEC_JSON`` ``null`` profiles the plain engine.
+pstats text file per batch size, ``host_{plain|METHOD}_b{B}.txt``. ``SPEC_JSON`` ``null`` profiles the plain
+engine.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def main() -> None:
         print(f"batch {bs}: {wall:.3f} ms/step unprofiled, {wall_prof:.3f} profiled, MAL {mal}")
         print(text.getvalue()[:6000])
         if out_dir:
-            with open(f"{out_dir}/host_b{bs}.txt", "w") as f:
+            label = spec["method"] if spec else "plain"
+            with open(f"{out_dir}/host_{label}_b{bs}.txt", "w") as f:
                 f.write(text.getvalue())
         del eng
 
