@@ -6,7 +6,7 @@ Fills the batch with greedy requests (EOS ignored), warms up, times ``STEPS`` un
 calls (wall ms per step), then runs ``STEPS`` more under cProfile and prints the functions with the most own
 time and the most cumulative time. On a GPU the time the host waits for the device shows up in the sync calls
 (``tolist``, ``synchronize``); everything else is host work the device may wait for. ``OUT_DIR`` gets one
-pstats text file per batch size, ``host_{plain|METHOD}_b{B}.txt``. ``SPEC_JSON`` ``null`` profiles the plain
+pstats text file per batch size, ``host_{plain|METHOD[-EXECUTION]}_b{B}.txt``. ``SPEC_JSON`` ``null`` profiles the plain
 engine.
 """
 
@@ -60,18 +60,31 @@ def main() -> None:
         _sync()
         prof.disable()
         wall_prof = (time.perf_counter() - t0) / STEPS * 1000
+        mal = eng.spec_metrics.as_dict().get("mean_acceptance_length") if spec else None
         text = io.StringIO()
+        text.write(
+            f"batch {bs}: {wall:.3f} ms per step unprofiled, {wall_prof:.3f} under cProfile, MAL {mal}\n"
+        )
         stats = pstats.Stats(prof, stream=text)
-        text.write(f"batch {bs}: {wall:.3f} ms per step unprofiled, {wall_prof:.3f} under cProfile\n")
         stats.sort_stats("tottime").print_stats(40)
         stats.sort_stats("cumulative").print_stats(60)
-        mal = eng.spec_metrics.as_dict().get("mean_acceptance_length") if spec else None
-        print(f"batch {bs}: {wall:.3f} ms/step unprofiled, {wall_prof:.3f} profiled, MAL {mal}")
-        print(text.getvalue()[:6000])
-        if out_dir:
-            label = spec["method"] if spec else "plain"
-            with open(f"{out_dir}/host_{label}_b{bs}.txt", "w") as f:
+        label = (
+            "plain" if not spec else "-".join(str(spec[k]) for k in ("method", "execution") if spec.get(k))
+        )
+        path = f"{out_dir}/host_{label}_b{bs}.txt" if out_dir else None
+        if path:
+            with open(path, "w") as f:
                 f.write(text.getvalue())
+        # the first 6,000 characters on screen; the whole profile goes to the file
+        cut = text.getvalue()[:6000]
+        print(
+            cut
+            + (
+                "\n... (cut; the whole profile: " + path + ")"
+                if path and len(cut) < len(text.getvalue())
+                else ""
+            )
+        )
         del eng
 
 
