@@ -75,11 +75,15 @@ class TPWorker:
         )
 
     def load_model(self, config: EngineConfig) -> dict[str, Any]:
-        """Build this rank's ModelRunner shard. Returns what the driver needs (model folder, spec)."""
+        """Build this rank's ModelRunner shard. Returns what the driver needs (model folder, spec). The rank's
+        process lives as long as its shard: its start-up heap is frozen (``flexspec.engine.gc_heap``), so full
+        garbage collections (one rank's stall holds up every rank's collectives) skip it."""
+        from flexspec.engine.gc_heap import freeze_long_lived
         from flexspec.engine.model_runner import ModelRunner
 
         group = dist.group.WORLD if self.world_size > 1 else None
         self.runner = ModelRunner(config, tp=TPGroup(self.rank, self.world_size, group))
+        freeze_long_lived()
         return {
             "model_dir": str(self.runner.model_dir),
             "spec": self.runner.spec,

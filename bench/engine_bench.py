@@ -173,6 +173,7 @@ def bench_ours(
 ) -> None:
     from bench.engine_load import StepTimers, release_device_memory, run_closed_loop
     from configs import EngineConfig, SamplingParams
+    from flexspec.engine.gc_heap import freeze_long_lived
     from flexspec.engine.llm_engine import LLMEngine
 
     results = report.doc["results"].setdefault(OURS, {})
@@ -194,6 +195,7 @@ def bench_ours(
         )
     )
     report.doc["config"]["flexspec_engine_init_s"] = round(time.perf_counter() - t0, 2)
+    freeze_long_lived()  # as the Serve replica does (flexspec.engine.gc_heap)
     report.doc["config"]["flexspec_cuda_graphs"] = cuda_graph_summary(engine)
     timers = StepTimers(engine)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)

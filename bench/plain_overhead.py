@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
     import statistics
 
     from configs import EngineConfig
+    from flexspec.engine.gc_heap import freeze_long_lived
     from flexspec.engine.llm_engine import LLMEngine
     from flexspec.layers import fused
     from flexspec.spec.policy import Decision
@@ -362,6 +363,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.plain_overh
             report.save()
             log(f"error: system {label!r} not measured: {short_error(e)}")
             continue
+        freeze_long_lived()  # as the Serve replica does (flexspec.engine.gc_heap)
         if engine.policy is not None:
             engine.policy.decide = lambda sched: Decision("plain", 0)
         engines[label] = engine

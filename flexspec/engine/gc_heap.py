@@ -7,8 +7,9 @@ during decoding stalls every request in flight (and a 0.6 s benchmark point). ``
 permanent generation, which collections skip; objects created while serving (requests, outputs) are collected
 as before.
 
-Used where one engine lives for the process: the Serve replica (``cluster.server.build_engine``) and the
-benchmarks' engines (``bench.systems``). Not in ``LLMEngine`` itself: a library user who drops an engine and
+Used where one engine (or shard) lives for the process: the Serve replica (``cluster.server.build_engine``),
+each TP rank (``actors.tp_worker.TPWorker.load_model``) and the benchmarks' engines (``bench.systems``,
+``bench.engine_bench``, ``bench.plain_overhead``). Not in ``LLMEngine`` itself: a library user who drops an engine and
 calls ``gc.collect()`` expects its memory back, and a frozen engine in reference cycles (every engine) is never
 collected until ``release_frozen``.
 """

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gc
 import weakref
 
+import torch
+
 from configs import EngineConfig, SamplingParams
 from flexspec.engine.gc_heap import freeze_long_lived, release_frozen
 from flexspec.engine.llm_engine import LLMEngine
@@ -64,5 +66,19 @@ def test_serve_replica_engine_is_frozen(tiny_target):  # noqa: F811
     engine = build_engine(args)
     try:
         assert gc.get_freeze_count() > 0 and id(engine.scheduler) not in {id(o) for o in gc.get_objects()}
+    finally:
+        release_frozen()
+
+
+def test_tp_worker_freezes_its_shard(tiny_target):  # noqa: F811
+    from actors.tp_worker import TPWorker
+
+    release_frozen()
+    worker = TPWorker(
+        rank=0, world_size=1, num_threads=torch.get_num_threads()
+    )  # keep this process's threads
+    try:
+        worker.load_model(EngineConfig(model=str(tiny_target), device="cpu", max_model_len=128))
+        assert gc.get_freeze_count() > 0 and id(worker.runner) not in {id(o) for o in gc.get_objects()}
     finally:
         release_frozen()
