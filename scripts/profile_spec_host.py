@@ -15,22 +15,14 @@ from __future__ import annotations
 import cProfile
 import io
 import json
+import os
 import pstats
 import sys
 import time
 
-import torch
+from profile_spec_step import filled_engine, sync_device  # scripts/ is sys.path[0] when run as a script
 
-from configs import EngineConfig, SamplingParams
-from flexspec.engine.llm_engine import LLMEngine
-
-STEPS = int(__import__("os").environ.get("STEPS", "100"))
-PROMPT = "Question: a train travels 60 km in 45 minutes. How far does it go in 2 hours? Explain step by step."
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+STEPS = int(os.environ.get("STEPS", "100"))
 
 
 def main() -> None:
@@ -38,26 +30,18 @@ def main() -> None:
     sizes = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,64").split(",")]
     out_dir = sys.argv[3] if len(sys.argv) > 3 else None
     for bs in sizes:
-        eng = LLMEngine(EngineConfig(model="smollm2-135m-instruct", max_model_len=2048, max_num_seqs=bs,
-                                     speculative_config=spec, speculation_profile_steps=0))  # fmt: skip
-        params = SamplingParams(max_tokens=1800, temperature=0.0, ignore_eos=True)
-        prompt = eng.apply_chat_template([{"role": "user", "content": PROMPT}])
-        for i in range(bs):
-            eng.add_request(prompt, params, request_id=f"r{i}")
-        for _ in range(20):
-            eng.step()
-        _sync()
+        eng = filled_engine(spec, bs, max_model_len=2048)
         t0 = time.perf_counter()
         for _ in range(STEPS):
             eng.step()
-        _sync()
+        sync_device()
         wall = (time.perf_counter() - t0) / STEPS * 1000
         prof = cProfile.Profile()
         t0 = time.perf_counter()
         prof.enable()
         for _ in range(STEPS):
             eng.step()
-        _sync()
+        sync_device()
         prof.disable()
         wall_prof = (time.perf_counter() - t0) / STEPS * 1000
         mal = eng.spec_metrics.as_dict().get("mean_acceptance_length") if spec else None

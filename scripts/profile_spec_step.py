@@ -25,7 +25,7 @@ from flexspec.engine.llm_engine import LLMEngine
 STEPS = 30
 
 
-def _sync() -> None:
+def sync_device() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -44,6 +44,21 @@ HOST_OPS = (
 PROMPT = "Question: a train travels 60 km in 45 minutes. How far does it go in 2 hours? Explain step by step."
 
 
+def filled_engine(spec: dict | None, bs: int, max_model_len: int = 1024, warmup_steps: int = 20) -> LLMEngine:
+    """An engine (``spec`` or plain, no warm-up profile) running ``bs`` greedy requests of ``PROMPT`` that ignore
+    EOS (room for ``max_model_len`` tokens), after ``warmup_steps`` steps; the device is idle on return."""
+    eng = LLMEngine(EngineConfig(model="smollm2-135m-instruct", max_model_len=max_model_len, max_num_seqs=bs,
+                                 speculative_config=spec, speculation_profile_steps=0))  # fmt: skip
+    params = SamplingParams(max_tokens=max_model_len - 124, temperature=0.0, ignore_eos=True)
+    prompt = eng.apply_chat_template([{"role": "user", "content": PROMPT}])
+    for i in range(bs):
+        eng.add_request(prompt, params, request_id=f"r{i}")
+    for _ in range(warmup_steps):
+        eng.step()
+    sync_device()
+    return eng
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     sizes = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,8").split(",")]
@@ -55,20 +70,12 @@ def main() -> None:
         "points": [],
     }
     for bs in sizes:
-        eng = LLMEngine(EngineConfig(model="smollm2-135m-instruct", max_model_len=1024, max_num_seqs=bs,
-                                     speculative_config=spec, speculation_profile_steps=0))  # fmt: skip
-        params = SamplingParams(max_tokens=900, temperature=0.0, ignore_eos=True)
-        prompt = eng.apply_chat_template([{"role": "user", "content": PROMPT}])
-        for i in range(bs):
-            eng.add_request(prompt, params, request_id=f"r{i}")
-        for _ in range(20):
-            eng.step()
-        _sync()
+        eng = filled_engine(spec, bs)
         t0 = time.perf_counter()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(STEPS):
                 eng.step()
-            _sync()
+            sync_device()
         wall = (time.perf_counter() - t0) / STEPS
         kernels: dict[str, list[float]] = defaultdict(list)
         host: dict[str, float] = defaultdict(float)
