@@ -20,7 +20,7 @@ import atexit
 import gc
 import time
 
-_unfreeze_at_exit: list[bool] = []
+_unfreeze_at_exit = False  # release_frozen registered with atexit
 
 
 def release_frozen() -> None:
@@ -36,7 +36,8 @@ def freeze_long_lived() -> float:
     t0 = time.perf_counter()
     gc.collect()
     gc.freeze()
+    global _unfreeze_at_exit
     if not _unfreeze_at_exit:  # the interpreter's last collections must see them (nanobind reports leaks)
         atexit.register(release_frozen)
-        _unfreeze_at_exit.append(True)
+        _unfreeze_at_exit = True
     return time.perf_counter() - t0
