@@ -15,7 +15,9 @@ summary (share of plain steps, lengths of plain stretches, mean estimate at plai
 
 from __future__ import annotations
 
+import cProfile
 import json
+import pstats
 import statistics
 import time
 
@@ -48,6 +50,9 @@ def main(
         help="hold every decision on this option (plain, decoupled/L, decoupled, parallel: the policy's "
         "options) after the warm-up profile (on a GPU; off on CPU); the steps' wall times are logged, the "
         "policy's estimates stay the profile's",
+    ),
+    profile: str | None = typer.Option(
+        None, help="also write the host profile (cProfile, top functions by own and cumulative time) here"
     ),
 ) -> None:
     """Log every decision of the auto speculation policy on real prompts (see the module doc); JSON out."""
@@ -130,9 +135,18 @@ def main(
         engine.apply_chat_template([{"role": "user", "content": p["prompt"]}])
         for p in load_prompts(dataset, limit=num_prompts)
     ]
+    prof = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
+    if prof is not None:
+        prof.enable()
     outs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    if prof is not None:
+        prof.disable()
     wall = time.perf_counter() - t0
+    if prof is not None:
+        with open(profile, "w") as f:  # type: ignore[arg-type]
+            for order in ("tottime", "cumulative"):
+                pstats.Stats(prof, stream=f).sort_stats(order).print_stats(50)
     # one letter per decision: p(lain), d(ecoupled, any chain length), q (parallel)
     modes = "".join({"plain": "p", "parallel": "q"}.get(e["mode"], "d") for e in log)
     plain_runs = [len(r) for r in modes.replace("d", " ").replace("q", " ").split() if r]
