@@ -27,21 +27,13 @@ from pydantic import ValidationError
 from cluster.readiness import BUILDER, app_demands, cluster_nodes, pending_report, summarize, unplaceable
 from configs.serve import ServeArgs
 from configs.speculative import parse_speculative_config
+from flexspec.errors import validation_message
 
 log = logging.getLogger(__name__)
 
 
 class ServeConfigError(ValueError):
     """A Serve config file that cannot be used; the message is one line naming the field or the YAML position."""
-
-
-def validation_message(e: ValidationError, prefix: str = "") -> str:
-    """One line per error: ``applications.0.args.engine.max_num_seqs: Input should be greater than 0``."""
-    lines = []
-    for err in e.errors():
-        loc = ".".join([prefix] * bool(prefix) + [str(x) for x in err["loc"]])
-        lines.append(f"{loc}: {err['msg']}")
-    return "; ".join(lines)
 
 
 def default_config_path() -> Path:

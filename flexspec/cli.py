@@ -53,6 +53,14 @@ def _listen_problem(host: str, port: int) -> tuple[str, str] | None:
     return None
 
 
+# ``flexspec generate``'s options by the EngineConfig / SamplingParams field each sets (errors name the option)
+GENERATE_OPTIONS = {
+    field: "--" + field.replace("_", "-")
+    for field in ("model", "max_model_len", "device", "dtype", "speculative_config")
+    + ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+}
+
+
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., metavar="PROMPT", help="Prompt text (a user message when --chat)."),
@@ -92,7 +100,7 @@ def generate(
                 _fail(f"--speculative-config is not valid JSON: {e}")
         config = EngineConfig(**engine_args)
     except ValidationError as e:
-        _fail(validation_message(e))
+        _fail(validation_message(e, options=GENERATE_OPTIONS))
     if not prompt:
         _fail("prompt must not be empty")
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pydantic import ValidationError
 
 
@@ -120,10 +122,17 @@ class WorkerGroupError(FlexspecError):
     type = "engine_unavailable"
 
 
-def validation_message(e: ValidationError) -> str:
-    """A pydantic error as one line: ``field.path: message; ...`` (the command line's ``error:`` text)."""
+def validation_message(e: ValidationError, prefix: str = "", options: Mapping[str, str] | None = None) -> str:
+    """A pydantic error as one line: ``field.path: message; ...`` (the command line's ``error:`` text).
+
+    ``prefix`` goes before every path (where the model was read from: ``applications.0.args``); ``options``
+    renames a path's first field to the command-line option that set it (``{"max_tokens": "--max-tokens"}``),
+    so ``flexspec generate --max-tokens 0`` says ``--max-tokens: ...``, as ``flexspec serve`` names its options."""
     parts = []
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
-        parts.append(f"{loc}: {err['msg']}")
+        loc = [str(x) for x in err["loc"]]
+        if options and loc and loc[0] in options:
+            loc[0] = options[loc[0]]
+        path = ".".join([prefix] * bool(prefix) + loc) or "(root)"
+        parts.append(f"{path}: {err['msg']}")
     return "; ".join(parts)

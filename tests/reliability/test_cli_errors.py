@@ -166,6 +166,27 @@ def test_parallel_execution_of_a_non_flexdraft_method_fails_at_load():
 
 # ---- generate / bench / train-drafter: settings the engine cannot satisfy ---------------------------------------
 @no_cuda
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--max-tokens", "0"], "--max-tokens: Input should be greater than 0"),
+        (["--top-p", "1.5"], "--top-p: Input should be less than or equal to 1"),
+        (["--temperature", "-1"], "--temperature: Input should be greater than or equal to 0"),
+        (["--max-model-len", "0"], "--max-model-len: Input should be greater than 0"),
+        (
+            ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'],
+            "--speculative-config.ngram.num_speculative_tokens: Input should be greater than or equal to 1",
+        ),
+    ],
+    ids=["max-tokens", "top-p", "temperature", "max-model-len", "speculative-config"],
+)
+def test_generate_names_the_option_of_an_invalid_setting(args, expected):
+    """As ``flexspec serve`` names ``--speculative-config``: the option the user typed, not the config field."""
+    result = _run(["generate", "hi", "--device", "cpu", *args])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {expected}"
+
+
 def test_generate_device_cuda_without_cuda():
     result = _run(["generate", "hi", "--device", "cuda"])
     assert result.exit_code == 2
