@@ -20,6 +20,7 @@ import json
 import pstats
 import statistics
 import time
+from pathlib import Path
 
 import pydantic
 import typer
@@ -28,6 +29,15 @@ from configs import EngineConfig, SamplingParams
 from flexspec.datasets import load_prompts
 from flexspec.engine.llm_engine import LLMEngine
 from flexspec.spec.step_times import batch_bucket
+
+
+def _check_output(path: str, option: str) -> None:
+    """Fail before the engine is built (not after the generation) when ``path`` cannot be written as a file."""
+    p = Path(path)
+    if p.is_dir():
+        raise typer.BadParameter(f"{path!r} is a directory", param_hint=option)
+    if not p.parent.is_dir():
+        raise typer.BadParameter(f"directory {str(p.parent)!r} does not exist", param_hint=option)
 
 
 def _finite(rate: float) -> float | None:
@@ -52,10 +62,15 @@ def main(
         "policy's estimates stay the profile's",
     ),
     profile: str | None = typer.Option(
-        None, help="also write the host profile (cProfile, top functions by own and cumulative time) here"
+        None,
+        help="also write the host profile (cProfile, top functions by own and cumulative time) here; the "
+        "summary's tokens_per_s then includes the profiler's overhead",
     ),
 ) -> None:
     """Log every decision of the auto speculation policy on real prompts (see the module doc); JSON out."""
+    _check_output(out, "--out")
+    if profile:
+        _check_output(profile, "--profile")
     try:
         config = EngineConfig(
             model=model,
