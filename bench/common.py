@@ -274,6 +274,14 @@ def median(xs: Iterable[float]) -> float:
     return statistics.median(list(xs))
 
 
+def reported_ratio(point: dict[str, Any]) -> float | None:
+    """A ``spec_bench`` point's speed-up over its baseline as tables and plots report it: the median of the
+    rounds' paired ratios (``paired_ratio_median``, with ``--repeats`` > 1: round i over the baseline's round i,
+    which ran next to it), else ``throughput_ratio`` (tokens/s over the baseline's; with rounds, the median
+    rounds', which for two rounds are each system's slower one). None without a baseline."""
+    return point.get("paired_ratio_median") or point.get("throughput_ratio")
+
+
 def short_error(e: BaseException, limit: int = 600) -> str:
     """One line naming the exception, for the ``error`` field of a failed measurement."""
     msg = f"{type(e).__name__}: {e}".replace("\n", " ")

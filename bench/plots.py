@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import main_entry
+from bench.common import reported_ratio
 
 
 def _plt() -> Any:
@@ -66,7 +67,7 @@ def _panels(plt: Any, keys: list[str], title: str) -> tuple[Any, list[Any]]:
 
 
 def plot_speedup(docs: list[dict[str, Any]], out: Path) -> Path | None:
-    runs = [r for r in _spec_runs(docs) if r.get("throughput_ratio") and r.get("baseline") != r.get("system")]
+    runs = [r for r in _spec_runs(docs) if reported_ratio(r) and r.get("baseline") != r.get("system")]
     synth = [d for d in docs if d.get("schema", "").startswith("flexspec.bench.synthetic")]
     if not runs and not synth:
         return None
@@ -77,7 +78,7 @@ def plot_speedup(docs: list[dict[str, Any]], out: Path) -> Path | None:
         lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for r in runs:
             if r["dataset"] == ds:
-                lines[_name(r)].append((r["batch_size"], r["throughput_ratio"]))
+                lines[_name(r)].append((r["batch_size"], reported_ratio(r)))
         for name, pts in sorted(lines.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)

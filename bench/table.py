@@ -3,7 +3,8 @@
     python -m bench.table engine_bench.json spec.json [synthetic.json ...]
 
 - engine bench: output tokens/s per system x batch size, and our speedup over the best transformers setting;
-- spec bench: per dataset x system, ``ratio (MAL)`` per batch size (ratio = tokens/s over its baseline);
+- spec bench: per dataset x system, ``ratio (MAL)`` per batch size (ratio = tokens/s over its baseline; with
+  ``--repeats`` the median of the rounds' paired ratios, ``bench.common.reported_ratio``);
 - synthetic: projected ratio per batch size, marked PROJECTION.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import main_entry
+from bench.common import reported_ratio
 
 
 def _head(doc: dict[str, Any]) -> list[str]:
@@ -66,6 +68,11 @@ def spec_table(doc: dict[str, Any]) -> list[str]:
     runs = [r for r in doc["runs"] if r.get("output_tokens_per_s") and "batch_size" in r]
     sizes = sorted({r["batch_size"] for r in runs})
     lines = _head(doc)
+    if any("paired_ratio_median" in r for r in runs):
+        lines += [
+            "Ratios: median over the rounds of each round's tokens/s over the baseline's round (`--repeats`).",
+            "",
+        ]
     lines += ["| dataset | system | " + " | ".join(f"b={b} ratio (MAL)" for b in sizes) + " |"]
     lines += ["|---" * (len(sizes) + 2) + "|"]
     peer_of = {r["system"]: r.get("peer") or "" for r in runs}
@@ -88,7 +95,7 @@ def spec_table(doc: dict[str, Any]) -> list[str]:
             if r is None:
                 cells.append("-")
                 continue
-            ratio = r.get("throughput_ratio")
+            ratio = reported_ratio(r)
             mal = (r.get("spec_decode") or {}).get("mean_acceptance_length")
             cell = f"{ratio:.2f}x" if ratio else f"{r['output_tokens_per_s']:.0f} tok/s"
             cells.append(cell + (f" ({mal:.2f})" if mal else ""))

@@ -383,6 +383,26 @@ def test_table_renders(smoke):
     assert "| gsm8k | plain |" in text and f"ngram-k{K}" in text
 
 
+def test_table_and_plot_report_paired_medians_of_rounds(tmp_path):
+    """With ``--repeats`` a point's ratio is the median of its rounds' paired ratios, not the ratio of the two
+    systems' median rounds (which for two rounds are each one's slower round)."""
+    from bench.plots import plot_speedup
+    from bench.spec_bench import add_ratios
+    from bench.table import render
+
+    def point(system, rounds):
+        return {"mode": "engine", "dataset": "gsm8k", "system": system, "batch_size": 4,
+                "output_tokens_per_s": min(rounds), "repeats_tokens_per_s": rounds}  # fmt: skip
+
+    runs = [point("plain", [100.0, 80.0]), point("auto", [90.0, 96.0])]  # round ratios 0.90, 1.20
+    add_ratios(runs)
+    assert runs[1]["throughput_ratio"] == 1.125 and runs[1]["paired_ratio_median"] == 1.05
+    doc = {"schema": "flexspec.bench.spec/1", "env": {}, "runs": runs}
+    text = render([doc])
+    assert "| gsm8k | auto | 1.05x |" in text and "median over the rounds" in text, text
+    assert plot_speedup([doc], tmp_path).is_file()
+
+
 def test_host_staging_tiny(tmp_path):
     from bench import host_staging
 
