@@ -1,9 +1,11 @@
 """Async scheduling (vLLM's feature of the same name): step N+1 is scheduled on top of step N's provisional
-result and, when it is a plain pure decode step, launched before N's sampled ids reach the host.
+result and, when it is a plain step (pure decode, or decode with prompts joining), launched before N's sampled
+ids reach the host.
 
 :class:`AsyncSchedulingMixin` holds the engine's side of it; :class:`~flexspec.engine.llm_engine.LLMEngine`
 decides when to use it (``_step``). The device side (input ids gathered from the previous step's sampled ids
-before the decode graph's replay) is ``ModelInput.prev_token_rows`` in the model runner.
+before the graph's replay, the decode rows' only in a step where prompts join) is ``ModelInput.prev_token_rows``
+in the model runner.
 """
 
 from __future__ import annotations
@@ -91,9 +93,11 @@ class AsyncSchedulingMixin:
     def _launch_ahead(
         self, st: _Step, sched: SchedulerOutput
     ) -> tuple[SchedulerOutput, Decision | None] | None:
-        """Launch ``sched`` before ``st`` is collected if it is a plain pure decode step of sequences that
-        sample in ``st`` (their input ids: ``st``'s sampled ids, gathered on the device). Returns None when it
-        launched, else the batch and the policy's decision for it, for ``_step_after``."""
+        """Launch ``sched`` before ``st`` is collected if it is a plain step (no drafts) in which every sequence
+        that samples in ``st`` decodes one token (its input id: ``st``'s sampled id, gathered on the device)
+        and every other sequence computes prompt tokens known on the host (requests joining, prompt chunks):
+        a pure decode step, or one in which prompts join the running batch. Returns None when it launched,
+        else the batch and the policy's decision for it, for ``_step_after``."""
         decision = self.policy.decide(sched) if self.policy is not None and sched.scheduled else None
         if not sched.scheduled or st.inp.num_logprobs is not None:
             return sched, decision
@@ -103,15 +107,24 @@ class AsyncSchedulingMixin:
         for s, samples in zip(st.sched.scheduled, st.inp.samples):
             if samples:
                 rows[s.seq.seq_id] = len(rows)
-        if not all(
-            s.num_new_tokens == 1 and s.num_draft_tokens == 0 and s.seq.seq_id in rows
-            for s in sched.scheduled
-        ):
-            return sched, decision
+        token_rows: list[int] = []  # [T] ModelInput.prev_token_rows
+        for s in sched.scheduled:
+            row = rows.get(s.seq.seq_id)
+            if s.num_draft_tokens:
+                return sched, decision
+            if (
+                row is None
+            ):  # a prompt's tokens: on the host (a sequence not sampling in st has no placeholder)
+                token_rows.extend([-1] * s.num_new_tokens)
+            elif s.num_new_tokens == 1:
+                token_rows.append(row)
+            else:
+                return sched, decision
         inp = self.build_model_input(sched, decision)
-        inp.prev_token_rows = [rows[s.seq.seq_id] for s in sched.scheduled]
+        if len(token_rows) > token_rows.count(-1):  # else every id is on the host (st sampled nothing)
+            inp.prev_token_rows = token_rows
         if not self.executor.can_launch(inp):  # type: ignore[attr-defined]
-            raise RuntimeError("a plain decode step scheduled ahead cannot be launched")
+            raise RuntimeError("a plain step scheduled ahead cannot be launched")
         self._inflight = self._start(sched, inp)
         return None
 

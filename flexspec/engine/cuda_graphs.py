@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from flexspec.engine.graph_inputs import StagedInputs, stage_decode_inputs
+from flexspec.engine.graph_inputs import StagedInputs, gather_prev_tokens, stage_decode_inputs
 from flexspec.engine.model_input import ModelInput
 from flexspec.layers.attention import AttentionMetadata
 from flexspec.spec.tree import tree_mask_bits
@@ -138,7 +138,7 @@ class DecodeGraphs:
             len(inp.query_lens) <= self.max_bs
             and tuple(inp.capture_layers) == self.capture_layers
             and (inp.draft_parents is None or self.tree)
-            and (inp.prev_token_rows is None or self.q == 1)
+            and (inp.prev_token_rows is None or (self.q == 1 and -1 not in inp.prev_token_rows))
             and all(1 <= q <= self.q for q in inp.query_lens)
             and all(len(b) <= self.max_blocks for b in inp.block_tables)
         )
@@ -354,6 +354,7 @@ class MixedGraphs:
                 "query_start_loc": S + 1,
                 "block_tables": S * self.max_blocks,
                 "logits_rows": T,  # row of each requested logits row (real rows keep their index)
+                "prev_rows": T,  # async scheduling: ModelInput.prev_token_rows
             },
             dev,
         )
@@ -409,14 +410,26 @@ class MixedGraphs:
         """The captured token count a step of ``num_tokens`` replays (the smallest that holds it)."""
         return next(n for n in self.sizes if n >= num_tokens)
 
-    def run(self, inp: ModelInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def run(
+        self, inp: ModelInput, prev_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Replay the graph for ``inp`` (``can_run``); returns (final hidden states of ``inp.logits_indices``
-        [N, H], captured [T, H] each: copies, valid after later replays). The caller applies the LM head."""
+        [N, H], captured [T, H] each: copies, valid after later replays). The caller applies the LM head.
+
+        With ``inp.prev_token_rows`` (async scheduling: prompts joining a step launched before the last one's
+        readback) the decode rows' ids are gathered from ``prev_tokens`` ([N'] int64, the previous step's
+        sampled ids) after the staged copy (``gather_prev_tokens``)."""
         T, N = inp.num_tokens, len(inp.logits_indices)
         n = self.size_for(T)
         self.stage.wait_sent()
         stage_mixed_inputs(self.stage, inp, n, self.num_seqs, self.max_blocks)
+        rows = inp.prev_token_rows
+        if rows is not None:
+            self.stage.host("prev_rows")[:T] = rows
         self.stage.send()
+        if rows is not None:
+            st = self.stage
+            gather_prev_tokens(st.on_device("input_ids")[:T], st.on_device("prev_rows")[:T], prev_tokens)
         if self.graphs:
             self.graphs[n].replay()
         else:

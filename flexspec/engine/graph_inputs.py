@@ -125,6 +125,14 @@ def stage_decode_inputs(
     return bs, direct
 
 
+def gather_prev_tokens(input_ids: torch.Tensor, rows: torch.Tensor, prev_tokens: torch.Tensor) -> None:
+    """Async scheduling's device side: ``input_ids`` [T] int64 takes, in place, ``prev_tokens[rows[i]]`` (the
+    previous launched step's sampled id [N'] int64) where ``rows[i] >= 0`` and keeps its own id where
+    ``rows[i]`` is -1 (a prompt token, known on the host). ``rows`` [T] int64 on the same device
+    (``ModelInput.prev_token_rows``)."""
+    input_ids.copy_(torch.where(rows >= 0, prev_tokens[rows.clamp(min=0)], input_ids))
+
+
 def write_table_rows(
     dest: np.ndarray, written: list[tuple[list[int] | None, int]], tables: list[list[int]]
 ) -> None:

@@ -255,9 +255,9 @@ class LLMEngine(AsyncSchedulingMixin):
         detokenizes / builds outputs while the device runs it. Plain steps are launched without waiting;
         speculative steps (and plain ones whose drafter must see every step) run synchronously at that point.
         Stop strings are still checked before the next step is scheduled, so no sequence runs past its stop;
-        except with async scheduling (``schedules_ahead``), where a plain decode step is launched before the
-        previous one's tokens are read back and a sequence that stops on EOS / a stop token / a stop string
-        computes one token more, which is dropped.
+        except with async scheduling (``schedules_ahead``), where a plain step (decodes, and prompts joining
+        them) is launched before the previous one's tokens are read back and a sequence that stops on EOS / a
+        stop token / a stop string computes one token more, which is dropped.
         """
         self._mark = time.perf_counter()
         try:

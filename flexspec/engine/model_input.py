@@ -29,7 +29,8 @@ class ModelInput:
     # forward) and the graphs skip copying them out of their static buffers.
     keep_captured: bool = True
     # Async scheduling: [T] row of the previous launched step's sampled token ids that is each token's input id
-    # (gathered on the device; ``input_ids`` holds placeholders then). None = the ids are ``input_ids``.
+    # (gathered on the device; ``input_ids`` holds placeholders there), or -1 where ``input_ids`` holds the id
+    # (a prompt token of a step in which prompts join). None = the ids are ``input_ids``.
     prev_token_rows: list[int] | None = None
     # Speculative decoding (ignored without a drafter).
     seq_ids: list[int] = field(default_factory=list)  # [S]

@@ -11,6 +11,7 @@ import torch
 from configs.engine import EngineConfig
 from flexspec.distributed import TPGroup
 from flexspec.engine.cuda_graphs import DecodeGraphs, MixedGraphs
+from flexspec.engine.graph_inputs import gather_prev_tokens
 from flexspec.engine.kv_cache import bind_kv_cache, move_kv_slots
 from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.sampler import SamplingMetadata, attach_logprobs, sample
@@ -411,18 +412,13 @@ class ModelRunner:
                     return graphs.run(inp, prev_tokens)
         # Steps that prefill, also with chunks that emit nothing yet (their rows are not in logits_indices).
         mixed = self.mixed_graphs
-        if (
-            side is None
-            and inp.draft_parents is None
-            and mixed is not None
-            and inp.prev_token_rows is None
-            and mixed.can_run(inp)
-        ):
-            rows, captured = mixed.run(inp)
+        if side is None and inp.draft_parents is None and mixed is not None and mixed.can_run(inp):
+            rows, captured = mixed.run(inp, prev_tokens)
             return self.model.compute_logits(rows, upcast=False), captured
         input_ids, meta = self.build_metadata(inp)
         if inp.prev_token_rows is not None:
-            input_ids = prev_tokens[torch.tensor(inp.prev_token_rows).to(self.device, non_blocking=True)]
+            rows = torch.tensor(inp.prev_token_rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            gather_prev_tokens(input_ids, rows, prev_tokens)
         kwargs = {"side": side} if side is not None else {}
         hidden, captured = self.model(input_ids, meta, capture_layers=inp.capture_layers, **kwargs)
         logits = self.model.compute_logits(hidden[meta.logits_indices], upcast=False)

@@ -97,7 +97,7 @@ def test_requests_joining_and_aborted_mid_stream(engine):
         rids = {engine.add_request(chat(engine, t), greedy): t for t in texts[:2]}
         got: dict[str, list] = {r: [] for r in rids}
         for step in range(200):
-            if step == 3:  # a prompt joins a running batch: a step that prefills, after the readback
+            if step == 3:  # a prompt joins a running batch: a step that prefills, launched ahead
                 rids[engine.add_request(chat(engine, texts[2]), greedy)] = texts[2]
             if step == 6:
                 drop = engine.add_request(
@@ -118,6 +118,32 @@ def test_requests_joining_and_aborted_mid_stream(engine):
             assert got[r][-1].finished and got[r][-1].token_ids == alone[t]
     assert any(early for _, early in launched)
     assert engine.block_manager.usage == 0.0
+
+
+def test_steps_in_which_prompts_join_are_launched_ahead_too(engine):
+    """Requests join as others finish (3 running at most): the step that prefills a new prompt next to the
+    running decodes is launched before the last step's readback, its decode rows' ids gathered on the device
+    and its prompt rows' ids from the host; the tokens are the synchronous steps'."""
+    prompts = [
+        chat(engine, t) for t in ("Name a fruit.", "Say hi.", "Name a car.", "Count to five.", "Say yes.")
+    ]
+    params = [SamplingParams(max_tokens=n, temperature=0) for n in (6, 9, 12, 7, 10)]
+    ref = [o.token_ids for o in engine.generate(prompts, params)]
+    eng = LLMEngine(EngineConfig(max_model_len=512, max_num_seqs=3, device="cpu", async_scheduling=True))
+    rows_seen: list[list[int]] = []  # prev_token_rows of each step launched from the previous step's ids
+    orig = eng.executor.launch
+
+    def launch(inp: ModelInput):
+        if inp.prev_token_rows is not None:
+            rows_seen.append(list(inp.prev_token_rows))
+        return orig(inp)
+
+    eng.executor.launch = launch
+    outs = eng.generate(prompts, params)
+    assert [o.token_ids for o in outs] == ref
+    joined = [r for r in rows_seen if -1 in r and any(x >= 0 for x in r)]  # prompt rows next to decode rows
+    assert len(joined) >= 2, rows_seen
+    assert eng.block_manager.usage == 0.0
 
 
 def test_a_request_ending_on_its_length_computes_no_extra_token(engine):

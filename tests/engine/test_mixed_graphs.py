@@ -97,18 +97,21 @@ def test_capture_sizes_always_hold_the_step_budget():
     assert runner.mixed_graph_num_tokens() == []
 
 
-def _through_mixed_layout(eng: LLMEngine) -> dict[int, int]:
-    """Send every step that no decode graph takes through the padded layout; returns token count -> steps."""
+def _through_mixed_layout(eng: LLMEngine) -> dict[int | str, int]:
+    """Send every step that no decode graph takes through the padded layout; returns token count -> steps (and
+    "launched ahead" -> those whose decode rows' ids came from the previous step's, async scheduling)."""
     runner = _runner(eng)
     layers = tuple(runner.spec_worker.drafter.capture_layers) if runner.spec_worker is not None else ()
     graphs = MixedGraphs(runner, runner.mixed_graph_num_tokens(), capture_layers=layers, capture=False)
-    used: dict[int, int] = {}
+    used: dict[int | str, int] = {}
     run = graphs.run
 
-    def counted(inp):
+    def counted(inp, prev_tokens=None):
         n = graphs.size_for(inp.num_tokens)
         used[n] = used.get(n, 0) + 1
-        return run(inp)
+        if inp.prev_token_rows is not None:
+            used["launched ahead"] = used.get("launched ahead", 0) + 1
+        return run(inp, prev_tokens)
 
     graphs.run = counted
     runner.mixed_graphs = graphs
@@ -134,6 +137,19 @@ def test_plain_engine_prefill_steps_through_mixed_layout(turnover_case):
     assert set(used) == {16, 32, 64} and sum(used.values()) > len(prompts), used
 
 
+def test_steps_where_prompts_join_launched_ahead_through_mixed_layout(turnover_case):
+    """Async scheduling launches a step in which prompts join before the last step's readback; through the
+    padded layout its decode rows' ids are gathered on the device into the staged ids (prompt rows keep theirs):
+    the outputs stay exact."""
+    prompts, params, want = turnover_case
+    eng = LLMEngine(EngineConfig(model=DEFAULT_MODEL, max_model_len=1024, device="cpu", max_num_seqs=4,
+                                 max_num_batched_tokens=64, cuda_graph_num_tokens=[16, 32],
+                                 async_scheduling=True))  # fmt: skip
+    used = _through_mixed_layout(eng)
+    assert [o.token_ids for o in eng.generate(prompts, params)] == want
+    assert used.get("launched ahead", 0) >= 2, used
+
+
 def test_dflash_engine_prefill_steps_through_mixed_layout(turnover_case):
     """DFlash reads the target layers' outputs of every prompt token (its context K/V): with prefill steps
     through the padded layout, outputs stay exact and drafts are accepted as often as eagerly."""
@@ -148,7 +164,7 @@ def test_dflash_engine_prefill_steps_through_mixed_layout(turnover_case):
         if padded:
             graphs = eng.executor.runner.mixed_graphs
             run = graphs.run
-            graphs.run = lambda inp, run=run: partial.append(not all(inp.samples)) or run(inp)
+            graphs.run = lambda inp, *a, run=run: partial.append(not all(inp.samples)) or run(inp, *a)
         outs = [o.token_ids for o in eng.generate(prompts, params)]
         runs.append((outs, eng.spec_metrics.num_draft_tokens, eng.spec_metrics.num_accepted_tokens))
     assert runs[0][0] == runs[1][0] == want
@@ -175,6 +191,6 @@ def test_mixed_graphs_replayed_on_gpu_match_eager(turnover_case, monkeypatch):
     assert graphs is not None and graphs.graphs
     replays = {"n": 0}
     run = graphs.run
-    graphs.run = lambda inp: replays.__setitem__("n", replays["n"] + 1) or run(inp)
+    graphs.run = lambda inp, *a: replays.__setitem__("n", replays["n"] + 1) or run(inp, *a)
     assert [o.token_ids for o in eng.generate(prompts, params)] == want
     assert replays["n"] >= -(-len(prompts) // 4)  # 4 sequences at a time: at least 3 steps prefill
