@@ -112,9 +112,7 @@ class AsyncSchedulingMixin:
             row = rows.get(s.seq.seq_id)
             if s.num_draft_tokens:
                 return sched, decision
-            if (
-                row is None
-            ):  # a prompt's tokens: on the host (a sequence not sampling in st has no placeholder)
+            if row is None:  # prompt tokens: on the host (only sequences sampling in st hold a placeholder)
                 token_rows.extend([-1] * s.num_new_tokens)
             elif s.num_new_tokens == 1:
                 token_rows.append(row)
