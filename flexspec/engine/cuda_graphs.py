@@ -138,7 +138,7 @@ class DecodeGraphs:
             len(inp.query_lens) <= self.max_bs
             and tuple(inp.capture_layers) == self.capture_layers
             and (inp.draft_parents is None or self.tree)
-            and (inp.prev_token_rows is None or (self.q == 1 and -1 not in inp.prev_token_rows))
+            and (inp.prev_token_rows is None or self.q == 1)
             and all(1 <= q <= self.q for q in inp.query_lens)
             and all(len(b) <= self.max_blocks for b in inp.block_tables)
         )
@@ -149,7 +149,8 @@ class DecodeGraphs:
         """Replay the graph for ``inp``; returns (logits [N, V] for inp.logits_indices, captured [T, H] each).
 
         With ``inp.prev_token_rows`` (async scheduling, q = 1) the input ids are gathered on the device from
-        ``prev_tokens`` ([N'] int64, the previous step's sampled ids) after the staged copy."""
+        ``prev_tokens`` ([N'] int64, the previous step's sampled ids) after the staged copy; rows -1 (a
+        sequence's 1-token prompt chunk, its id on the host) keep the staged id."""
         bs, direct = self.replay(inp, prev_tokens)
         S = len(inp.query_lens)
         if direct:
@@ -180,8 +181,12 @@ class DecodeGraphs:
         if self.tree:
             self._stage_mask_bits(inp, bs)
         self.stage.send()
-        if inp.prev_token_rows is not None:
-            torch.index_select(prev_tokens, 0, self.stage.on_device("prev_rows")[:S], out=self.input_ids[:S])
+        rows = inp.prev_token_rows
+        if rows is not None:
+            if -1 in rows:  # 1-token prompt chunks next to decode rows: their ids stay the staged ones
+                gather_prev_tokens(self.input_ids[:S], self.stage.on_device("prev_rows")[:S], prev_tokens)
+            else:
+                torch.index_select(prev_tokens, 0, self.stage.on_device("prev_rows")[:S], out=self.input_ids[:S])
         if self.graphs:
             self.graphs[bs].replay()
         else:  # not captured: the same padded step, eagerly, into the same (per batch size) outputs

@@ -146,6 +146,34 @@ def test_steps_in_which_prompts_join_are_launched_ahead_too(engine):
     assert eng.block_manager.usage == 0.0
 
 
+def test_one_token_prompts_joining_replay_the_decode_graph(engine):
+    """A request with a 1-token prompt joins running decodes: every query is 1 token, so the step launched ahead
+    fits the decode graph (q = 1), its decode rows' ids gathered on the device and the prompt's id kept as
+    staged (row -1). Uncaptured decode graphs on the CPU run the same staging and gather as captured ones."""
+    from flexspec.engine.cuda_graphs import DecodeGraphs
+
+    prompts: list[str | list[int]] = [
+        chat(engine, "Name a fruit."), [engine.tokenizer.encode("Hello")[0]], chat(engine, "Say hi."), [504]
+    ]
+    params = [SamplingParams(max_tokens=n, temperature=0) for n in (5, 8, 9, 6)]
+    ref = [o.token_ids for o in engine.generate(prompts, params)]
+    eng = LLMEngine(EngineConfig(max_model_len=512, max_num_seqs=2, device="cpu", async_scheduling=True))
+    runner = eng.executor.runner
+    runner.graphs = [DecodeGraphs(runner, [1, 2], capture=False)]
+    replayed: list[list[int]] = []  # prev_token_rows of the decode-graph replays with ids gathered
+    replay = runner.graphs[0].replay
+
+    def counted(inp, prev_tokens=None):
+        if inp.prev_token_rows is not None:
+            replayed.append(list(inp.prev_token_rows))
+        return replay(inp, prev_tokens)
+
+    runner.graphs[0].replay = counted
+    assert [o.token_ids for o in eng.generate(prompts, params)] == ref
+    assert any(-1 in r and any(x >= 0 for x in r) for r in replayed), replayed
+    assert eng.block_manager.usage == 0.0
+
+
 def test_a_request_ending_on_its_length_computes_no_extra_token(engine):
     prompt = chat(engine, "Count from one to twenty in words.")
     full = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=0))[0]
