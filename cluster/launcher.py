@@ -55,7 +55,7 @@ def parse_speculative_override(text: str) -> dict[str, Any] | None:
 
     Raises:
         ServeConfigError: not JSON, not an object, or an invalid field, named
-            (``--speculative-config.ngram.num_speculative_tokens: Input should be greater than or equal to 1``).
+            (``--speculative-config.num_speculative_tokens: Input should be greater than or equal to 1``).
     """
     try:
         value = json.loads(text)

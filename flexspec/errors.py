@@ -127,12 +127,31 @@ def validation_message(e: ValidationError, prefix: str = "", options: Mapping[st
 
     ``prefix`` goes before every path (where the model was read from: ``applications.0.args``); ``options``
     renames a path's first field to the command-line option that set it (``{"max_tokens": "--max-tokens"}``),
-    so ``flexspec generate --max-tokens 0`` says ``--max-tokens: ...``, as ``flexspec serve`` names its options."""
+    so ``flexspec generate --max-tokens 0`` says ``--max-tokens: ...``, as ``flexspec serve`` names its options.
+    The speculative config's method, which pydantic's tagged union puts into the path
+    (``speculative_config.ngram.num_speculative_tokens``), is left out: users write no such field. A check of
+    the whole model (no path) gives its message alone (it names its fields), without pydantic's
+    ``Value error,`` prefix."""
+    tags = _speculative_methods()
     parts = []
     for err in e.errors():
         loc = [str(x) for x in err["loc"]]
+        loc = [x for i, x in enumerate(loc) if not (x in tags and (i == 0 or loc[i - 1] == "speculative_config"))]
         if options and loc and loc[0] in options:
             loc[0] = options[loc[0]]
-        path = ".".join([prefix] * bool(prefix) + loc) or "(root)"
-        parts.append(f"{path}: {err['msg']}")
+        path = ".".join([prefix] * bool(prefix) + loc)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "union_tag_not_found":  # pydantic: "Unable to extract tag using discriminator 'method'"
+            msg = f"missing 'method' (one of: {', '.join(sorted(tags))})"
+        parts.append(f"{path}: {msg}" if path else msg)
     return "; ".join(parts)
+
+
+def _speculative_methods() -> frozenset[str]:
+    """The ``method`` tags of the speculative config's variants (``configs.speculative.SpeculativeConfig``)."""
+    from typing import get_args
+
+    from configs.speculative import SpeculativeConfig
+
+    union = get_args(SpeculativeConfig)[0]
+    return frozenset(get_args(cls.model_fields["method"].annotation)[0] for cls in get_args(union))

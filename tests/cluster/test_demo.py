@@ -84,5 +84,5 @@ def test_demo_passes_serve_options_through():
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "server exited:" in proc.stdout, proc.stdout
-    assert "--speculative-config.ngram.num_speculative_tokens" in proc.stdout, proc.stdout
+    assert "--speculative-config.num_speculative_tokens" in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stdout, proc.stdout

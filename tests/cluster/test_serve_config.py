@@ -141,7 +141,7 @@ def test_speculative_config_option_replaces_the_files(tmp_path):
         ("[1, 2]", "--speculative-config: expected a JSON object or null, got list"),
         (
             '{"method": "ngram", "num_speculative_tokens": 0}',
-            "--speculative-config.ngram.num_speculative_tokens",
+            "--speculative-config.num_speculative_tokens",
         ),
         ('{"method": "medusa"}', "--speculative-config: Input tag 'medusa'"),
     ],
