@@ -179,8 +179,8 @@ def test_parallel_execution_of_a_non_flexdraft_method_fails_at_load():
         ),
         (
             ["--speculative-config", "{}"],
-            "--speculative-config: missing 'method' (one of: dflash, draft_model, dspark, eagle3, flexdraft, mtp, "
-            "ngram)",
+            "--speculative-config: missing 'method' (one of: dflash, draft_model, dspark, eagle3, flexdraft, "
+            + "mtp, ngram)",
         ),
         (  # a check across fields: its message names them, without pydantic's "(root): Value error, "
             ["--speculative-config", '{"method": "ngram", "draft_tensor_parallel_size": 3}'],
