@@ -296,6 +296,13 @@ class Budget:
         self.t0 = time.monotonic()
         self.seconds = seconds if seconds and seconds > 0 else None
 
+    def restart(self) -> float:
+        """Start counting now (after one-off preparation such as a first load's GGUF dequantization, ~30 s,
+        which would otherwise eat the measurements' budget on a fresh machine); returns the seconds before."""
+        before = self.elapsed
+        self.t0 = time.monotonic()
+        return before
+
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.t0

@@ -117,7 +117,10 @@ def build_parser(prog: str = "python -m bench.spec_bench") -> argparse.ArgumentP
         "--warmup", type=int, default=None, help="Warm-up requests per engine (default: max batch)."
     )
     p.add_argument(
-        "--time-budget-s", type=float, default=0, help="Skip points starting after this (0 = off)."
+        "--time-budget-s",
+        type=float,
+        default=0,
+        help="Skip points starting this many seconds after the model is prepared (0 = off).",
     )
     p.add_argument(
         "--repeats",
@@ -440,6 +443,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.spec_bench"
 
         model_dir = str(resolve_model_dir(args.model))
         report.doc["config"]["model_dir"] = model_dir
+        report.doc["config"]["prepare_s"] = round(budget.restart(), 1)  # --time-budget-s counts from here
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         prompts = {
             d: prompt_token_ids(tokenizer, d, args.num_prompts, args.max_prompt_len) for d in args.dataset

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 
@@ -80,6 +81,7 @@ def test_environment_recorded(smoke):
     assert "git_commit" in env
     assert env["source_sha256"] == source_digest() and len(env["source_sha256"]) == 16
     assert smoke["config"]["model_dir"] and smoke["config"]["temperature"] == 0.0
+    assert smoke["config"]["prepare_s"] >= 0.0  # the time budget counts from the prepared model
     assert not smoke["errors"]
 
 
@@ -432,3 +434,15 @@ def test_source_digest_names_the_code_that_ran(tmp_path):
     assert source_digest(tmp_path) == first
     (tmp_path / "flexspec" / "a.py").rename(tmp_path / "flexspec" / "b.py")  # same content, other file
     assert source_digest(tmp_path) != first
+
+
+def test_time_budget_counts_from_restart():
+    """``--time-budget-s`` starts after the model is prepared (``Budget.restart``): a first load's GGUF
+    dequantization (~30 s on a fresh machine) must not use up the measurements' budget."""
+    from bench.common import Budget
+
+    budget = Budget(0.05)
+    time.sleep(0.06)
+    assert budget.exhausted()
+    assert budget.restart() >= 0.06 and not budget.exhausted()
+    assert not Budget(0).exhausted()  # 0 = no budget
