@@ -116,7 +116,8 @@ def load_serve_config(
             try:
                 ServeArgs.model_validate(app.get("args") or {})
             except ValidationError as e:
-                raise ServeConfigError(validation_message(e, prefix=f"applications.{i}.args")) from e
+                named = {"speculative_config": "--speculative-config"} if speculative_config is not None else None
+                raise ServeConfigError(validation_message(e, f"applications.{i}.args", named)) from e
     if host is not None or port is not None:
         http = raw.get("http_options") or {}
         if not isinstance(http, dict):

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from configs.speculative import SpeculativeConfig
 
@@ -81,14 +89,20 @@ class EngineConfig(BaseModel):
         "measures online only). None = 8 on GPU, 0 on CPU.",
     )
 
+    @field_validator("speculative_config")
+    @classmethod
+    def _check_draft_tp(cls, spec, info: ValidationInfo):
+        """The drafter runs unsharded or at the target's TP (an error named at ``speculative_config``)."""
+        tp = info.data.get("tensor_parallel_size", 1)  # declared above: validated first
+        if spec is not None and spec.draft_tensor_parallel_size not in (None, 1, tp):
+            raise ValueError(
+                f"draft_tensor_parallel_size must be 1 or the target's tensor_parallel_size ({tp}), "
+                f"got {spec.draft_tensor_parallel_size}"
+            )
+        return spec
+
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
-        spec = self.speculative_config
-        if spec is not None and spec.draft_tensor_parallel_size not in (None, 1, self.tensor_parallel_size):
-            raise ValueError(
-                f"speculative_config.draft_tensor_parallel_size must be 1 or tensor_parallel_size "
-                f"({self.tensor_parallel_size}), got {spec.draft_tensor_parallel_size}"
-            )
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         return self

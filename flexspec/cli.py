@@ -217,8 +217,8 @@ def serve(
         _fail(f"config file {path} not found")
     try:
         parsed = load_serve_config(path, host, port, speculative_config)
-    except ServeConfigError as e:
-        _fail(f"{path}: {e}")
+    except ServeConfigError as e:  # the file's fields are named after the file, the option's after itself
+        _fail(str(e) if str(e).startswith("--") else f"{path}: {e}")
     if address is None:  # replicas run on this machine: their models must be here
         spec_field = "--speculative-config" if speculative_config is not None else None
         problems = local_model_problems(parsed, speculative_field=spec_field)

@@ -127,7 +127,8 @@ def validation_message(e: ValidationError, prefix: str = "", options: Mapping[st
 
     ``prefix`` goes before every path (where the model was read from: ``applications.0.args``); ``options``
     renames a path's first field to the command-line option that set it (``{"max_tokens": "--max-tokens"}``),
-    so ``flexspec generate --max-tokens 0`` says ``--max-tokens: ...``, as ``flexspec serve`` names its options.
+    so ``flexspec generate --max-tokens 0`` says ``--max-tokens: ...``, as ``flexspec serve`` names its options
+    (such a path gets no ``prefix``: the option overrides the file's field).
     The speculative config's method, which pydantic's tagged union puts into the path
     (``speculative_config.ngram.num_speculative_tokens``), is left out: users write no such field. A check of
     the whole model (no path) gives its message alone (it names its fields), without pydantic's
@@ -137,12 +138,16 @@ def validation_message(e: ValidationError, prefix: str = "", options: Mapping[st
     for err in e.errors():
         loc = [str(x) for x in err["loc"]]
         loc = [x for i, x in enumerate(loc) if not (x in tags and (i == 0 or loc[i - 1] == "speculative_config"))]
-        if options and loc and loc[0] in options:
-            loc[0] = options[loc[0]]
-        path = ".".join([prefix] * bool(prefix) + loc)
+        named = bool(options) and bool(loc) and loc[0] in options  # type: ignore[operator]
+        if named:  # an option the user typed: no file path before it
+            loc[0] = options[loc[0]]  # type: ignore[index]
+        path = ".".join([prefix] * bool(prefix and not named) + loc)
         msg = err["msg"].removeprefix("Value error, ")
+        methods = ", ".join(sorted(tags))
         if err["type"] == "union_tag_not_found":  # pydantic: "Unable to extract tag using discriminator 'method'"
-            msg = f"missing 'method' (one of: {', '.join(sorted(tags))})"
+            msg = f"missing 'method' (one of: {methods})"
+        elif err["type"] == "union_tag_invalid":  # pydantic: "Input tag 'x' found using 'method' does not match..."
+            msg = f"unknown method {err.get('ctx', {}).get('tag', '?')!r} (one of: {methods})"
         parts.append(f"{path}: {msg}" if path else msg)
     return "; ".join(parts)
 

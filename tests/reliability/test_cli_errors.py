@@ -182,12 +182,27 @@ def test_parallel_execution_of_a_non_flexdraft_method_fails_at_load():
             "--speculative-config: missing 'method' (one of: dflash, draft_model, dspark, eagle3, flexdraft, "
             + "mtp, ngram)",
         ),
-        (  # a check across fields: its message names them, without pydantic's "(root): Value error, "
+        (
+            ["--speculative-config", '{"method": "medusa"}'],
+            "--speculative-config: unknown method 'medusa' (one of: dflash, draft_model, dspark, eagle3, "
+            + "flexdraft, mtp, ngram)",
+        ),
+        (  # a check across fields, named at the option (no pydantic "(root): Value error, ")
             ["--speculative-config", '{"method": "ngram", "draft_tensor_parallel_size": 3}'],
-            "speculative_config.draft_tensor_parallel_size must be 1 or tensor_parallel_size (1), got 3",
+            "--speculative-config: draft_tensor_parallel_size must be 1 or the target's tensor_parallel_size (1), "
+            + "got 3",
         ),
     ],
-    ids=["max-tokens", "top-p", "temperature", "max-model-len", "speculative-config", "no-method", "draft-tp"],
+    ids=[
+        "max-tokens",
+        "top-p",
+        "temperature",
+        "max-model-len",
+        "speculative-config",
+        "no-method",
+        "bad-method",
+        "draft-tp",
+    ],
 )
 def test_generate_names_the_option_of_an_invalid_setting(args, expected):
     """As ``flexspec serve`` names ``--speculative-config``: the option the user typed, not the config field."""
