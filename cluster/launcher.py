@@ -116,7 +116,9 @@ def load_serve_config(
             try:
                 ServeArgs.model_validate(app.get("args") or {})
             except ValidationError as e:
-                named = {"speculative_config": "--speculative-config"} if speculative_config is not None else None
+                named = (
+                    {"speculative_config": "--speculative-config"} if speculative_config is not None else None
+                )
                 raise ServeConfigError(validation_message(e, f"applications.{i}.args", named)) from e
     if host is not None or port is not None:
         http = raw.get("http_options") or {}
@@ -180,7 +182,7 @@ def local_model_problems(config: Any, speculative_field: str | None = None) -> l
     Only meaningful where the replicas run on this machine (the local cluster of ``flexspec serve``); on a remote
     cluster a path may exist only there.
     """
-    from flexspec.models.registry import BUILTIN_DRAFTERS, BUILTIN_MODELS
+    from flexspec.models.registry import unknown_model_problem
 
     problems = []
     for i, app in enumerate(config.applications):
@@ -189,17 +191,16 @@ def local_model_problems(config: Any, speculative_field: str | None = None) -> l
         given = app.args or {}
         args = ServeArgs.model_validate(given)
         where = f"applications.{i}.args" + ("" if "model" in given else ".engine")
-        checks = [(f"{where}.model", args.engine.model, BUILTIN_MODELS)]
+        checks = [(f"{where}.model", args.engine.model, False)]
         spec = args.engine.speculative_config
         if spec is not None and getattr(spec, "model", None):
             where = f"applications.{i}.args" + ("" if "speculative_config" in given else ".engine")
             field = f"{speculative_field or where + '.speculative_config'}.model"
-            checks.append((field, spec.model, BUILTIN_DRAFTERS | BUILTIN_MODELS))
+            checks.append((field, spec.model, True))
         unknown = [
-            f"{field}: unknown model {model!r}: not a built-in id ({', '.join(known)}) nor an existing "
-            "folder or .gguf file"
-            for field, model, known in checks
-            if model not in known and not Path(model).expanduser().exists()
+            f"{field}: {why}"
+            for field, model, drafter in checks
+            if (why := unknown_model_problem(model, drafter)) is not None
         ]
         problems += unknown or _context_problems(args, checks[0][0], f"applications.{i}.args.engine")
     return problems

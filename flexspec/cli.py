@@ -101,6 +101,16 @@ def generate(
         config = EngineConfig(**engine_args)
     except ValidationError as e:
         _fail(validation_message(e, options=GENERATE_OPTIONS))
+    from flexspec.models.registry import unknown_model_problem
+
+    spec_model = getattr(config.speculative_config, "model", None)
+    for option, name, drafter in (
+        ("--model", model, False),
+        ("--speculative-config.model", spec_model, True),
+    ):
+        why = unknown_model_problem(name, drafter) if name else None
+        if why:  # named after the option, before anything loads (as flexspec serve does)
+            _fail(f"{option}: {why}")
     if not prompt:
         _fail("prompt must not be empty")
     try:

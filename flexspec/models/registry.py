@@ -91,3 +91,13 @@ BUILTIN_DRAFTERS = {
     "smollm2-135m-instruct-flexdraft": _packaged_drafter("smollm2-135m-instruct-flexdraft"),
     "smollm2-135m-instruct-dflash": _packaged_drafter("smollm2-135m-instruct-dflash"),
 }
+
+
+def unknown_model_problem(model: str, drafter: bool = False) -> str | None:
+    """Why ``model`` cannot be loaded on this machine, without loading it: not a built-in id (a drafter may
+    also be a built-in drafter) and no such folder or file; None when it can be tried. The message reads
+    ``unknown model 'x': not a built-in id (...) nor an existing folder or .gguf file``."""
+    known = BUILTIN_DRAFTERS | BUILTIN_MODELS if drafter else BUILTIN_MODELS
+    if model in known or Path(model).expanduser().exists():
+        return None
+    return f"unknown model {model!r}: not a built-in id ({', '.join(known)}) nor an existing folder or .gguf file"

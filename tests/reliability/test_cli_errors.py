@@ -211,6 +211,28 @@ def test_generate_names_the_option_of_an_invalid_setting(args, expected):
     assert result.output.strip() == f"error: {expected}"
 
 
+@pytest.mark.parametrize(
+    ("args", "field", "model"),
+    [
+        (["--model", "no-such-model"], "--model", "no-such-model"),
+        (
+            ["--speculative-config", '{"method": "flexdraft", "model": "no-such-drafter"}'],
+            "--speculative-config.model",
+            "no-such-drafter",
+        ),
+    ],
+    ids=["target", "drafter"],
+)
+def test_generate_names_the_option_of_an_unknown_model(args, field, model):
+    """As ``flexspec serve``: an unknown model is named after the option that set it, before anything loads."""
+    result = _run(["generate", "hi", "--device", "cpu", *args])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert (
+        line.startswith(f"error: {field}: unknown model {model!r}: not a built-in id (") and "\n" not in line
+    )
+
+
 def test_generate_device_cuda_without_cuda():
     result = _run(["generate", "hi", "--device", "cuda"])
     assert result.exit_code == 2
