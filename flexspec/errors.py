@@ -138,9 +138,9 @@ def validation_message(e: ValidationError, prefix: str = "", options: Mapping[st
     for err in e.errors():
         loc = [str(x) for x in err["loc"]]
         loc = [x for i, x in enumerate(loc) if not (x in tags and (i == 0 or loc[i - 1] == "speculative_config"))]
-        named = bool(options) and bool(loc) and loc[0] in options  # type: ignore[operator]
+        named = options is not None and bool(loc) and loc[0] in options
         if named:  # an option the user typed: no file path before it
-            loc[0] = options[loc[0]]  # type: ignore[index]
+            loc[0] = options[loc[0]]
         path = ".".join([prefix] * bool(prefix and not named) + loc)
         msg = err["msg"].removeprefix("Value error, ")
         methods = ", ".join(sorted(tags))
