@@ -137,16 +137,20 @@ def validation_message(e: ValidationError, prefix: str = "", options: Mapping[st
     parts = []
     for err in e.errors():
         loc = [str(x) for x in err["loc"]]
-        loc = [x for i, x in enumerate(loc) if not (x in tags and (i == 0 or loc[i - 1] == "speculative_config"))]
+        loc = [
+            x for i, x in enumerate(loc) if not (x in tags and (i == 0 or loc[i - 1] == "speculative_config"))
+        ]
         named = options is not None and bool(loc) and loc[0] in options
         if named:  # an option the user typed: no file path before it
             loc[0] = options[loc[0]]
         path = ".".join([prefix] * bool(prefix and not named) + loc)
         msg = err["msg"].removeprefix("Value error, ")
         methods = ", ".join(sorted(tags))
-        if err["type"] == "union_tag_not_found":  # pydantic: "Unable to extract tag using discriminator 'method'"
+        # pydantic's own texts: "Unable to extract tag using discriminator 'method'", "Input tag 'x' found using
+        # 'method' does not match any of the expected tags: ..."
+        if err["type"] == "union_tag_not_found":
             msg = f"missing 'method' (one of: {methods})"
-        elif err["type"] == "union_tag_invalid":  # pydantic: "Input tag 'x' found using 'method' does not match..."
+        elif err["type"] == "union_tag_invalid":
             msg = f"unknown method {err.get('ctx', {}).get('tag', '?')!r} (one of: {methods})"
         parts.append(f"{path}: {msg}" if path else msg)
     return "; ".join(parts)

@@ -186,7 +186,9 @@ class DecodeGraphs:
             if -1 in rows:  # 1-token prompt chunks next to decode rows: their ids stay the staged ones
                 gather_prev_tokens(self.input_ids[:S], self.stage.on_device("prev_rows")[:S], prev_tokens)
             else:
-                torch.index_select(prev_tokens, 0, self.stage.on_device("prev_rows")[:S], out=self.input_ids[:S])
+                torch.index_select(
+                    prev_tokens, 0, self.stage.on_device("prev_rows")[:S], out=self.input_ids[:S]
+                )
         if self.graphs:
             self.graphs[bs].replay()
         else:  # not captured: the same padded step, eagerly, into the same (per batch size) outputs

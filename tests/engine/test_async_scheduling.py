@@ -153,7 +153,10 @@ def test_one_token_prompts_joining_replay_the_decode_graph(engine):
     from flexspec.engine.cuda_graphs import DecodeGraphs
 
     prompts: list[str | list[int]] = [
-        chat(engine, "Name a fruit."), [engine.tokenizer.encode("Hello")[0]], chat(engine, "Say hi."), [504]
+        chat(engine, "Name a fruit."),
+        [engine.tokenizer.encode("Hello")[0]],
+        chat(engine, "Say hi."),
+        [504],
     ]
     params = [SamplingParams(max_tokens=n, temperature=0) for n in (5, 8, 9, 6)]
     ref = [o.token_ids for o in engine.generate(prompts, params)]
