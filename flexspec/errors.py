@@ -3,6 +3,7 @@ the request check and the one-line messages that the server and the command line
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -134,6 +135,7 @@ def validation_message(e: ValidationError, prefix: str = "", options: Mapping[st
     the whole model (no path) gives its message alone (it names its fields), without pydantic's
     ``Value error,`` prefix."""
     tags = _speculative_methods()
+    methods = ", ".join(sorted(tags))
     parts = []
     for err in e.errors():
         loc = [str(x) for x in err["loc"]]
@@ -145,7 +147,6 @@ def validation_message(e: ValidationError, prefix: str = "", options: Mapping[st
             loc[0] = options[loc[0]]
         path = ".".join([prefix] * bool(prefix and not named) + loc)
         msg = err["msg"].removeprefix("Value error, ")
-        methods = ", ".join(sorted(tags))
         # pydantic's own texts: "Unable to extract tag using discriminator 'method'", "Input tag 'x' found using
         # 'method' does not match any of the expected tags: ..."
         if err["type"] == "union_tag_not_found":
@@ -156,6 +157,7 @@ def validation_message(e: ValidationError, prefix: str = "", options: Mapping[st
     return "; ".join(parts)
 
 
+@functools.cache
 def _speculative_methods() -> frozenset[str]:
     """The ``method`` tags of the speculative config's variants (``configs.speculative.SpeculativeConfig``)."""
     from typing import get_args
