@@ -37,6 +37,7 @@ class StepRecord:
     num_tokens: int = 0
     decode: bool = False  # every sequence decodes (1 token, or bonus + drafts); no prefill chunk
     mode: str = "plain"  # the policy's decision for the step ("plain" | "decoupled" | "parallel")
+    reason: str = ""  # why the policy chose it (``Decision.reason``: best, warmup, measure, probe, ...)
     launched: bool = False  # enqueued by ``launch`` (collected later) rather than run by ``execute``
     ahead: bool = False  # launched before the previous step was collected (async scheduling)
     num_launched: int = 0  # model steps started in this call (2: a prefill, then the next step)
@@ -120,8 +121,10 @@ class StepTimers:
         rec.num_seqs = len(inp.query_lens) if first else max(rec.num_seqs, len(inp.query_lens))
         rec.num_tokens = inp.num_tokens if first else rec.num_tokens + inp.num_tokens
         rec.decode = decode if first else rec.decode and decode
-        modes = getattr(getattr(self.engine, "policy", None), "last_modes", None)  # [-1]: this input's option
+        policy = getattr(self.engine, "policy", None)
+        modes = getattr(policy, "last_modes", None)  # [-1]: this input's option
         rec.mode = "plain" if modes is None else modes[-1] if modes else inp.spec_mode
+        rec.reason = getattr(policy, "last_reason", "")
         rec.launched = rec.ahead = False
 
     def _propose(self, *args: Any, **kwargs: Any) -> Any:

@@ -112,6 +112,10 @@ class Decision:
     mode: str  # "plain" | "decoupled" | "parallel"
     num_speculative_tokens: int  # the drafts to propose this step (0: plain decoding)
     option: str = ""  # the policy's name for it ("decoupled/3": a chain of at most 3 drafts); default: mode
+    # why: "best" (highest expected rate), "warmup" (an option not measured WARMUP_SAMPLES times yet), "measure"
+    # (a plausible option not measured at this batch size), "probe" (a re-measurement), "limit"
+    # (disable_by_batch_size), "forced" (warm-up profile), "fixed" (execution is not auto)
+    reason: str = "best"
 
     def __post_init__(self) -> None:
         self.option = self.option or self.mode
@@ -124,6 +128,7 @@ class SpeculationPolicy(MALEstimates):
     decisions: dict[int, int] = field(default_factory=dict)  # bucket -> count
     mode_counts: dict[str, int] = field(default_factory=dict)
     last_modes: list[str] = field(default_factory=list)  # the last two decisions (steady-state attribution)
+    last_reason: str = ""  # the latest decision's ``Decision.reason`` (step logs)
     probe: tuple[str, int] | None = None  # (mode, decisions left) of a running re-measurement
     # bucket -> (decision count of its next probe, the interval that set it)
     probe_due: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -158,11 +163,11 @@ class SpeculationPolicy(MALEstimates):
         num_seqs = len(sched.scheduled)
         limit = self.spec.disable_by_batch_size
         if limit is not None and num_seqs > limit:
-            return self._count(Decision("plain", 0))
+            return self._count(Decision("plain", 0, reason="limit"))
         if self.forced is not None:
-            return self._decision(self.forced)
+            return self._decision(self.forced, "forced")
         if self.spec.execution != "auto":
-            return self._count(Decision(self.spec.execution, k))
+            return self._count(Decision(self.spec.execution, k, reason="fixed"))
         bucket = batch_bucket(num_seqs)
         count = self.decisions.get(bucket, 0)
         self.decisions[bucket] = count + 1
@@ -170,7 +175,7 @@ class SpeculationPolicy(MALEstimates):
         if not self._warmed:  # warm-up: measure every option somewhere first
             for mode in self.options:
                 if self.samples(mode) < tuning.WARMUP_SAMPLES:
-                    return self._decision(mode)
+                    return self._decision(mode, "warmup")
             self._warmed = True
         spec_tokens = self.batch_tokens_per_step(sched)
         tokens = {m: self.option_tokens(m, spec_tokens) for m in self.options}
@@ -190,11 +195,11 @@ class SpeculationPolicy(MALEstimates):
                 rates[mode] >= tuning.PLAUSIBLE * best
                 and self._measured(mode, bucket) < tuning.WARMUP_SAMPLES
             ):
-                return self._decision(mode)
+                return self._decision(mode, "measure")
         if self.probe is not None and self.probe[1] > 0:
             mode, left = self.probe
             self.probe = (mode, left - 1)
-            return self._decision(mode)
+            return self._decision(mode, "probe")
         due, interval = self.probe_due.get(bucket, (tuning.REEXPLORE_EVERY - 1, tuning.REEXPLORE_EVERY))
         target = self._probe_target(ranked, rates, bucket) if count >= due else None
         if target is not None and count >= due - interval + self._probe_gap(
@@ -206,7 +211,7 @@ class SpeculationPolicy(MALEstimates):
             steps = tuning.PROBE_STEPS if target == "plain" else 1 + tuning.PROBE_VERIFICATIONS
             self.probe = (target, steps - 1)
             self.probe_estimate = (target, bucket, self.step_time(target, bucket) or 0.0)
-            return self._decision(target)
+            return self._decision(target, "probe")
         return self._decision(ranked[0])
 
     def _probe_target(self, ranked: list[str], rates: dict[str, float], bucket: int) -> str | None:
@@ -241,12 +246,13 @@ class SpeculationPolicy(MALEstimates):
         lost = probe_time_lost(best, runner_up, t_b, t_r, tokens[spec], t_e, t_x)
         return lost / (tuning.PROBE_BUDGET * t_b)
 
-    def _decision(self, option: str) -> Decision:
-        return self._count(Decision(option.split("/")[0], self.lengths[option], option))
+    def _decision(self, option: str, reason: str = "best") -> Decision:
+        return self._count(Decision(option.split("/")[0], self.lengths[option], option, reason))
 
     def _count(self, d: Decision) -> Decision:
         self.mode_counts[d.option] = self.mode_counts.get(d.option, 0) + 1
         self.last_modes = [*self.last_modes[-1:], d.option]
+        self.last_reason = d.reason
         return d
 
     def samples(self, mode: str) -> int:
