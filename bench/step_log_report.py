@@ -9,7 +9,8 @@ round): ``steady`` (same mode), ``enter`` (plain decoding -> a speculative mode:
 modes) or ``start`` (a round's first step); steps that also prefilled a prompt are ``prefill`` whatever their mode.
 Per (batch-size bucket as the policy's: 1, 2, 4, ... sequences; mode; class): steps, wall and executor (launch +
 wait for the device) ms as mean and p50, the host share (wall - executor, mean), the share launched ahead of the
-previous step's output processing, and the share of the file's total wall time. The policy times the same classes
+previous step's output processing, the share of the file's total wall time, and why the policy chose the mode
+(``reasons``: steps per ``Decision.reason``, where the log records it). The policy times the same classes
 (``SpeculationPolicy.observe``); this is the offline view, e.g. of what ``auto`` pays for its switches (session
 30's H100 logs, b=64: entering speculation cost up to 4.5 steady speculative steps before that session's cheaper
 entry, 0.9-1.3 after it).
@@ -25,7 +26,7 @@ import json
 import math
 import tarfile
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,7 @@ def summarize(name: str, lines: list[str]) -> dict[str, Any]:
                 "host_ms_mean": round((sum(wall) - sum(exe)) / len(wall), 4),
                 "ahead_share": round(sum(bool(s.get("ahead")) for s in steps) / len(steps), 4),
                 "time_share": round(sum(wall) / total, 4) if total else 0.0,
+                "reasons": dict(sorted(Counter(s["reason"] for s in steps if s.get("reason")).items())),
             }
         )
     return {
@@ -172,6 +174,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.step_log_re
                 f"wall {r['wall_ms_mean']:7.3f} "
                 f"(p50 {r['wall_ms_p50']:.3f})  exec {r['exec_ms_mean']:7.3f}  host {r['host_ms_mean']:6.3f}  "
                 f"ahead {r['ahead_share']:.2f}  time {100 * r['time_share']:5.1f}%"
+                + ("  " + " ".join(f"{k} {v}" for k, v in r["reasons"].items()) if r["reasons"] else "")
             )
     return doc
 

@@ -133,8 +133,9 @@ def test_step_log_and_split_by_mode(smoke, smoke_dir):
             modes = {s["mode"] for s in steps}
             if system == "plain":
                 assert modes == {"plain"} and "by_mode" not in split
-            else:  # always decoupled: every step drafts
-                assert modes == {"decoupled"}
+                assert {s["reason"] for s in steps} == {""}  # no policy
+            else:  # always decoupled: every step drafts, as configured (not the policy's choice)
+                assert modes == {"decoupled"} and {s["reason"] for s in steps} == {"fixed"}
                 assert split["by_mode"]["decoupled"]["all_steps"]["num_steps"] == len(steps)
 
 

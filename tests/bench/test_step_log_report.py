@@ -11,9 +11,9 @@ from bench.step_log_report import main as report_main
 from bench.step_log_report import step_class
 
 
-def _step(mode, wall, exe, decode=True, ahead=False, rnd=0):
+def _step(mode, wall, exe, decode=True, ahead=False, rnd=0, reason="best"):
     return {"round": rnd, "num_seqs": 4, "num_tokens": 4, "decode": decode, "mode": mode, "launched": True,
-            "ahead": ahead, "wall_ms": wall, "exec_ms": exe, "draft_ms": 0.0}  # fmt: skip
+            "ahead": ahead, "wall_ms": wall, "exec_ms": exe, "draft_ms": 0.0, "reason": reason}  # fmt: skip
 
 
 def _write(folder, name, steps):
@@ -35,12 +35,12 @@ def test_steps_are_classed_per_round_and_summarized(tmp_path):
         _step("plain", 1.0, 0.5),  # start
         _step("plain", 1.0, 0.4, ahead=True),
         _step("plain", 3.0, 0.4, ahead=True),
-        _step("decoupled", 5.0, 4.0),  # enter
-        _step("decoupled", 2.0, 1.5),
+        _step("decoupled", 5.0, 4.0, reason="probe"),  # enter
+        _step("decoupled", 2.0, 1.5, reason="probe"),
         _step("plain", 4.0, 3.0),  # exit
         _step("plain", 9.0, 8.0, decode=False),  # prefill
         _step("decoupled", 2.0, 1.0, rnd=1),  # a new round starts afresh: not an entry
-        _step("decoupled", 2.0, 1.0, rnd=1),
+        {k: v for k, v in _step("decoupled", 2.0, 1.0, rnd=1).items() if k != "reason"},  # older logs: none
     ]
     _write(tmp_path / "steps", "auto_gsm8k_b4.jsonl", steps)
     doc = report_main([str(tmp_path / "steps"), "--output", str(tmp_path / "r.json")])
@@ -63,6 +63,8 @@ def test_steps_are_classed_per_round_and_summarized(tmp_path):
     assert (
         rows[("decoupled", "enter")]["exec_ms_mean"] == 4.0 and rows[("plain", "exit")]["wall_ms_p50"] == 4.0
     )
+    assert rows[("decoupled", "steady")]["reasons"] == {"probe": 1}  # the other one's log has no reason
+    assert rows[("plain", "steady")]["reasons"] == {"best": 2}
     assert json.loads((tmp_path / "r.json").read_text())["files"] == doc["files"]
     # the same logs as stored under bench/results (a .tgz of the folder) give the same summary
     with tarfile.open(tmp_path / "steps.tgz", "w:gz") as tar:
