@@ -32,7 +32,8 @@ class MTPDrafter(FeatureChainDrafter):
         self.device = runner.device
         spec = runner.spec
         folder = resolve_model_dir(config.model) if config.model else runner.model_dir
-        layout = find_mtp_layout(folder, spec.num_layers)
+        name = f"model {config.model!r}" if config.model else f"the target model {runner.config.model!r}"
+        layout = find_mtp_layout(folder, spec.num_layers, name)
         if spec.architecture not in _LLAMA_FAMILY:
             raise ModelLoadError(
                 f"{folder}: MTP modules are supported for {', '.join(_LLAMA_FAMILY)} targets, "

@@ -64,8 +64,9 @@ class MTPLayout:
     own_head: bool  # the module ships its own LM head (DeepSeek shared_head.head)
 
 
-def find_mtp_layout(folder: Path, num_target_layers: int) -> MTPLayout:
-    """Detect the MTP tensors of a checkpoint folder.
+def find_mtp_layout(folder: Path, num_target_layers: int, name: str | None = None) -> MTPLayout:
+    """Detect the MTP tensors of a checkpoint folder (``name``: how the user named it, for the error; default
+    the folder).
 
     Raises:
         ModelLoadError: the checkpoint has no MTP weights.
@@ -80,8 +81,8 @@ def find_mtp_layout(folder: Path, num_target_layers: int) -> MTPLayout:
     if f"{prefix}eh_proj.weight" in names:
         return MTPLayout("deepseek", prefix, 1, f"{prefix}shared_head.head.weight" in names)
     raise ModelLoadError(
-        f"{folder}: the target checkpoint has no MTP weights (no 'mtp.*' tensors as in Qwen3-Next / "
-        f"Qwen3.5, no '{prefix}eh_proj.weight' as in DeepSeek-V3); method 'mtp' needs a model trained with "
+        f"method 'mtp': {name or folder} has no MTP weights (no 'mtp.*' tensors as in Qwen3-Next / Qwen3.5, "
+        f"no '{prefix}eh_proj.weight' as in DeepSeek-V3 in {folder}); it needs a model trained with "
         "multi-token prediction: use dflash, eagle3, draft_model or ngram for this one"
     )
 
