@@ -95,9 +95,15 @@ BUILTIN_DRAFTERS = {
 
 def unknown_model_problem(model: str, drafter: bool = False) -> str | None:
     """Why ``model`` cannot be loaded on this machine, without loading it: not a built-in id (a drafter may
-    also be a built-in drafter) and no such folder or file; None when it can be tried. The message reads
-    ``unknown model 'x': not a built-in id (...) nor an existing folder or .gguf file``."""
+    also be a built-in drafter) and no such folder or file, or a folder without ``config.json``; None when it
+    can be tried. The message reads ``unknown model 'x': not a built-in id (...) nor an existing folder or .gguf
+    file`` or ``model 'x' is a folder without config.json (...)``."""
     known = BUILTIN_DRAFTERS | BUILTIN_MODELS if drafter else BUILTIN_MODELS
-    if model in known or Path(model).expanduser().exists():
+    if model in known:
+        return None
+    path = Path(model).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        return f"model {model!r} is a folder without config.json (a checkpoint folder holds config.json and *.safetensors)"
+    if path.exists():
         return None
     return f"unknown model {model!r}: not a built-in id ({', '.join(known)}) nor an existing folder or .gguf file"

@@ -33,12 +33,12 @@ class MTPDrafter(FeatureChainDrafter):
         spec = runner.spec
         folder = resolve_model_dir(config.model) if config.model else runner.model_dir
         name = f"model {config.model!r}" if config.model else f"the target model {runner.config.model!r}"
-        layout = find_mtp_layout(folder, spec.num_layers, name)
-        if spec.architecture not in _LLAMA_FAMILY:
+        if spec.architecture not in _LLAMA_FAMILY:  # before the weights: no MTP module would run on it anyway
             raise ModelLoadError(
-                f"{folder}: MTP modules are supported for {', '.join(_LLAMA_FAMILY)} targets, "
-                f"not {spec.architecture}"
+                f"method 'mtp': MTP modules are supported for {', '.join(_LLAMA_FAMILY)} targets, not "
+                f"{spec.architecture} (the target model {runner.config.model!r})"
             )
+        layout = find_mtp_layout(folder, spec.num_layers, name)
         if layout.num_layers < 1:
             raise ModelLoadError(
                 f"{folder}: the MTP module has no decoder layer ('{layout.prefix}layers.0.*')"

@@ -233,6 +233,20 @@ def test_generate_names_the_option_of_an_unknown_model(args, field, model):
     )
 
 
+@pytest.mark.parametrize("option", ["--model", "--speculative-config.model"])
+def test_generate_names_the_option_of_a_folder_without_config(tmp_path, option):
+    """An existing folder that is no checkpoint (no config.json) is named after its option, before loading."""
+    args = ["--model", str(tmp_path)]
+    if option != "--model":
+        args = ["--speculative-config", json.dumps({"method": "dflash", "model": str(tmp_path)})]
+    result = _run(["generate", "hi", "--device", "cpu", *args])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        f"error: {option}: model {str(tmp_path)!r} is a folder without config.json "
+        "(a checkpoint folder holds config.json and *.safetensors)"
+    )
+
+
 def test_generate_device_cuda_without_cuda():
     result = _run(["generate", "hi", "--device", "cuda"])
     assert result.exit_code == 2

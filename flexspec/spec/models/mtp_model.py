@@ -82,8 +82,8 @@ def find_mtp_layout(folder: Path, num_target_layers: int, name: str | None = Non
         return MTPLayout("deepseek", prefix, 1, f"{prefix}shared_head.head.weight" in names)
     raise ModelLoadError(
         f"method 'mtp': {name or folder} has no MTP weights (no 'mtp.*' tensors as in Qwen3-Next / Qwen3.5, "
-        f"no '{prefix}eh_proj.weight' as in DeepSeek-V3 in {folder}); it needs a model trained with "
-        "multi-token prediction: use dflash, eagle3, draft_model or ngram for this one"
+        f"no '{prefix}eh_proj.weight' as in DeepSeek-V3) in {folder}; it needs a model trained with "
+        "multi-token prediction: use another method (dflash, eagle3, draft_model, ngram) for this one"
     )
 
 
