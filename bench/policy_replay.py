@@ -72,6 +72,7 @@ class _Scheduled:
 class _Sched:
     scheduled: list[_Scheduled]
     preempted: list = field(default_factory=list)
+    num_prefills: int = 0  # requests joining in this step (their prompts prefill)
 
 
 class StepTimes:
@@ -216,13 +217,14 @@ class Replay:
         prev = prev_prev = None
         entries = single = 0
         while pending or running:
-            joined = False  # prompts prefill in this step
+            num_joined = 0  # prompts prefill in this step
             while pending and len(running) < batch_size:
                 running.append(_Seq(pending.popleft(), max_tokens))
-                joined = True
+                num_joined += 1
+            joined = num_joined > 0
             n = len(running)
             if mode is None:
-                chosen = self.policy.decide(_Sched([_Scheduled(s) for s in running])).option
+                chosen = self.policy.decide(_Sched([_Scheduled(s) for s in running], [], num_joined)).option
             else:
                 chosen = mode
             length = self.policy.lengths.get(chosen, self.k)  # drafts it allows ("decoupled/3": 3)
@@ -347,6 +349,12 @@ def apply_overrides(pairs: list[str]) -> dict[str, float]:
         old = getattr(policy, name)
         if name.endswith("_KEEP"):
             raise ValueError(f"--set {pair!r}: {name} follows {name[:-5]}_HALF_LIFE; set that instead")
+        if isinstance(old, bool):  # switches: 0 / 1 / false / true
+            if value.lower() not in ("0", "1", "false", "true"):
+                raise ValueError(f"--set {pair!r}: {name} takes 0 / 1 (false / true)")
+            setattr(policy, name, value.lower() in ("1", "true"))
+            done[name] = getattr(policy, name)
+            continue
         try:
             number = float(value)
         except ValueError:

@@ -45,6 +45,9 @@ class ScheduledSequence:
 class SchedulerOutput:
     scheduled: list[ScheduledSequence]
     preempted: list[Sequence]
+    # scheduled sequences that compute more than their last token: prompt chunks (a prompt joining the batch, a
+    # chunked prompt going on, a preempted sequence recomputed); the others decode or verify drafts
+    num_prefills: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -84,7 +87,11 @@ class Scheduler:
                 return out
             # nothing could be prefilled after all
             more = self._schedule(defer_decodes=False, preempt=preempt)
-            return None if more is None else SchedulerOutput(more.scheduled, out.preempted + more.preempted)
+            return (
+                None
+                if more is None
+                else SchedulerOutput(more.scheduled, out.preempted + more.preempted, more.num_prefills)
+            )
         return self._schedule(defer_decodes=False, preempt=preempt)
 
     def _defers_decodes(self) -> bool:
@@ -125,6 +132,7 @@ class Scheduler:
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
         bm = self.block_manager
+        num_prefills = 0
 
         block_size = bm.block_size
         running = SequenceStatus.RUNNING
@@ -148,6 +156,7 @@ class Scheduler:
                 n = min(uncomputed + drafts, room)
             else:
                 drafts, n = 0, min(uncomputed, room)
+                num_prefills += uncomputed > 1
             if computed + n > len(seq.block_table) * block_size:  # needs new blocks (most steps do not)
                 if not preempt and not bm.can_allocate(seq, computed + n):
                     return None
@@ -176,7 +185,8 @@ class Scheduler:
             self.running.append(seq)
             scheduled.append(ScheduledSequence(seq, n, 0))
             budget -= n
-        return SchedulerOutput(scheduled, preempted)
+            num_prefills += 1
+        return SchedulerOutput(scheduled, preempted, num_prefills)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -113,8 +113,9 @@ class Decision:
     num_speculative_tokens: int  # the drafts to propose this step (0: plain decoding)
     option: str = ""  # the policy's name for it ("decoupled/3": a chain of at most 3 drafts); default: mode
     # why: "best" (highest expected rate), "warmup" (an option not measured WARMUP_SAMPLES times yet), "measure"
-    # (a plausible option not measured at this batch size), "probe" (a re-measurement), "limit"
-    # (disable_by_batch_size), "forced" (warm-up profile), "fixed" (execution is not auto)
+    # (a plausible option not measured at this batch size), "probe" (a re-measurement), "join" (plain decoding
+    # goes on in a step where prompts join: ENTER_AT_JOIN), "limit" (disable_by_batch_size), "forced" (warm-up
+    # profile), "fixed" (execution is not auto)
     reason: str = "best"
 
     def __post_init__(self) -> None:
@@ -172,6 +173,14 @@ class SpeculationPolicy(MALEstimates):
         count = self.decisions.get(bucket, 0)
         self.decisions[bucket] = count + 1
         self.num_decisions += 1
+        if (
+            sched.num_prefills
+            and not tuning.ENTER_AT_JOIN
+            and self.last_modes
+            and self.last_modes[-1] == "plain"
+            and sched.num_prefills < num_seqs  # prompts join a decoding batch (not a step of prompts only)
+        ):
+            return self._decision("plain", "join")  # see ENTER_AT_JOIN
         if not self._warmed:  # warm-up: measure every option somewhere first
             for mode in self.options:
                 if self.samples(mode) < tuning.WARMUP_SAMPLES:

@@ -139,6 +139,7 @@ def test_overrides_name_real_constants():
     from flexspec.spec import policy_tuning as policy
 
     old = policy.REQUEST_PRIOR_WEIGHT, policy.STALE_HALF_LIFE, policy.STALE_KEEP, policy.PROBE_BUDGET
+    switch = policy.ENTER_AT_JOIN
     try:
         assert apply_overrides(["REQUEST_PRIOR_WEIGHT=32", "STALE_HALF_LIFE=4"]) == {
             "REQUEST_PRIOR_WEIGHT": 32,
@@ -146,8 +147,11 @@ def test_overrides_name_real_constants():
         }
         assert policy.STALE_KEEP == pytest.approx(0.5**0.25)
         assert apply_overrides(["PROBE_BUDGET=0"]) == {"PROBE_BUDGET": 0.0}  # documented: 0 = no limit
+        assert apply_overrides(["ENTER_AT_JOIN=0"]) == {"ENTER_AT_JOIN": False}  # a switch
+        assert apply_overrides(["ENTER_AT_JOIN=true"]) == {"ENTER_AT_JOIN": True}
     finally:
         policy.REQUEST_PRIOR_WEIGHT, policy.STALE_HALF_LIFE, policy.STALE_KEEP, policy.PROBE_BUDGET = old
+        policy.ENTER_AT_JOIN = switch
     with pytest.raises(ValueError, match="NO_SUCH"):
         apply_overrides(["NO_SUCH=1"])
 
@@ -165,6 +169,7 @@ def test_overrides_name_real_constants():
         (["--set", "PROBE_BUDGET=-1"], "PROBE_BUDGET takes a non-negative float"),
         (["--set", "PRIOR_MIN_WEIGHT=nan"], "PRIOR_MIN_WEIGHT takes a positive float"),
         (["--set", "PRIOR_KEEP=2"], "follows PRIOR_HALF_LIFE; set that instead"),
+        (["--set", "ENTER_AT_JOIN=2"], "ENTER_AT_JOIN takes 0 / 1"),
         (["--datasets", ""], "--datasets ''"),
         (["--datasets", "gsm8k,nope"], "the traces hold"),
         (["--switch-costs", "2"], "expected ENTER,EXIT"),
