@@ -103,7 +103,10 @@ def unknown_model_problem(model: str, drafter: bool = False) -> str | None:
         return None
     path = Path(model).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
-        return f"model {model!r} is a folder without config.json (a checkpoint folder holds config.json and *.safetensors)"
+        return (
+            f"model {model!r} is a folder without config.json "
+            "(a checkpoint folder holds config.json and *.safetensors)"
+        )
     if path.exists():
         return None
     return f"unknown model {model!r}: not a built-in id ({', '.join(known)}) nor an existing folder or .gguf file"
