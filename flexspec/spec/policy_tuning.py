@@ -32,14 +32,14 @@ PRIOR_HALF_LIFE = 128  # plain steps without a verification that halve the weigh
 PRIOR_KEEP = 0.5 ** (1 / PRIOR_HALF_LIFE)
 PRIOR_MIN_WEIGHT = 32.0  # aging never takes G's evidence below this many verifications (16: probes' noise)
 SWITCH_MAX = 3.0  # a switch step is priced at most this many steady speculative steps (see switch_costs)
-# Whether speculation may start (from plain decoding) in a step where prompts join a decoding batch. Such a step
-# drafts for every sequence outside the captured verification tail (a mixed prompt + decode layout runs the
-# device-side step eagerly) and writes the context plain steps left: H100, session 40's records, speculative steps
-# with a prompt 2.9-6.2 ms at b=16-64 against 1.0-1.5 ms for the plain engine's steps with a prompt, and the
-# policy, which times pure decode steps only, never sees them. Joining requests also start from the prior G, so
-# the batch's estimate jumps at exactly those steps. False: such a step stays plain (reason "join"); speculation
-# can start at the next pure decode step. Not measured on a GPU yet (session 41 had no device); bench.policy_replay
-# (session 33's traces, session 39's H100 times, 4 seeds), whose steps with a prompt cost the fixed modes' mean and
-# not the eager entry, finds False neutral (mean auto / best 0.9856 vs 0.9861; GSM8K b=2 0.937 vs 0.950), so the
-# default stays True until a device A/B decides.
+# Whether speculation may start (from plain decoding) in a step where prompts join a decoding batch. Such a
+# step drafts for every sequence outside the captured verification tail (a mixed prompt + decode layout runs
+# the device-side step eagerly) and writes the context plain steps left: H100, session 40's records,
+# speculative steps with a prompt 2.9-6.2 ms at b=16-64 against 1.0-1.5 ms for the plain engine's steps with a
+# prompt, and the policy, which times pure decode steps only, never sees them. Joining requests also start
+# from the prior G, so the batch's estimate jumps at exactly those steps. False: such a step stays plain
+# (reason "join"); speculation can start at the next pure decode step. Not measured on a GPU yet (session 41
+# had no device); bench.policy_replay (session 33's traces, session 39's H100 times, 4 seeds), whose steps
+# with a prompt cost the fixed modes' mean and not the eager entry, finds False neutral (mean auto / best
+# 0.9856 vs 0.9861; GSM8K b=2 0.937 vs 0.950), so the default stays True until a device A/B decides.
 ENTER_AT_JOIN = True
