@@ -45,9 +45,13 @@ class ScheduledSequence:
 class SchedulerOutput:
     scheduled: list[ScheduledSequence]
     preempted: list[Sequence]
-    # scheduled sequences that compute more than their last token: prompt chunks (a prompt joining the batch, a
-    # chunked prompt going on, a preempted sequence recomputed); the others decode or verify drafts
-    num_prefills: int = 0
+
+    @property
+    def num_prefills(self) -> int:
+        """Scheduled sequences computing prompt chunks (a prompt joining the batch, a chunked prompt going on, a
+        preempted sequence recomputed) rather than decoding or verifying drafts; read before the step is applied.
+        Counted on demand (the policy's ``ENTER_AT_JOIN``), not on every schedule."""
+        return sum(s.num_new_tokens - s.num_draft_tokens > 1 or not s.samples for s in self.scheduled)
 
     @property
     def num_tokens(self) -> int:
@@ -87,11 +91,7 @@ class Scheduler:
                 return out
             # nothing could be prefilled after all
             more = self._schedule(defer_decodes=False, preempt=preempt)
-            return (
-                None
-                if more is None
-                else SchedulerOutput(more.scheduled, out.preempted + more.preempted, more.num_prefills)
-            )
+            return None if more is None else SchedulerOutput(more.scheduled, out.preempted + more.preempted)
         return self._schedule(defer_decodes=False, preempt=preempt)
 
     def _defers_decodes(self) -> bool:
@@ -132,7 +132,6 @@ class Scheduler:
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
         bm = self.block_manager
-        num_prefills = 0
 
         block_size = bm.block_size
         running = SequenceStatus.RUNNING
@@ -156,7 +155,6 @@ class Scheduler:
                 n = min(uncomputed + drafts, room)
             else:
                 drafts, n = 0, min(uncomputed, room)
-                num_prefills += uncomputed > 1
             if computed + n > len(seq.block_table) * block_size:  # needs new blocks (most steps do not)
                 if not preempt and not bm.can_allocate(seq, computed + n):
                     return None
@@ -185,8 +183,7 @@ class Scheduler:
             self.running.append(seq)
             scheduled.append(ScheduledSequence(seq, n, 0))
             budget -= n
-            num_prefills += 1
-        return SchedulerOutput(scheduled, preempted, num_prefills)
+        return SchedulerOutput(scheduled, preempted)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

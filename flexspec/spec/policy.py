@@ -173,14 +173,9 @@ class SpeculationPolicy(MALEstimates):
         count = self.decisions.get(bucket, 0)
         self.decisions[bucket] = count + 1
         self.num_decisions += 1
-        if (
-            sched.num_prefills
-            and not tuning.ENTER_AT_JOIN
-            and self.last_modes
-            and self.last_modes[-1] == "plain"
-            and sched.num_prefills < num_seqs  # prompts join a decoding batch (not a step of prompts only)
-        ):
-            return self._decision("plain", "join")  # see ENTER_AT_JOIN
+        after_plain = bool(self.last_modes) and self.last_modes[-1] == "plain"
+        if not tuning.ENTER_AT_JOIN and after_plain and 0 < sched.num_prefills < num_seqs:
+            return self._decision("plain", "join")  # prompts join a decoding batch: see ENTER_AT_JOIN
         if not self._warmed:  # warm-up: measure every option somewhere first
             for mode in self.options:
                 if self.samples(mode) < tuning.WARMUP_SAMPLES:
