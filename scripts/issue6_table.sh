@@ -3,7 +3,7 @@
 # 3 rounds, one spec_bench process per dataset; every step's mode and the policy's reason go to OUT/t1/steps_*.
 # Run on the device after `bash scripts/device_stage.sh unpack` (see that script); ~6-7 minutes on an H100.
 #   OUT=/path bash scripts/issue6_table.sh                        # all three datasets
-#   RUNS="he:humaneval:130 mt:mt_bench:140" bash scripts/issue6_table.sh   # name:dataset:timeout_s each
+#   OUT=/path RUNS="he:humaneval:130 mt:mt_bench:140" bash scripts/issue6_table.sh   # name:dataset:timeout_s
 # Then: python -m bench.table OUT/t1/he.json; python -m bench.step_log_report OUT/t1/steps_he
 set -uo pipefail
 cd "$(dirname "$0")/.."
