@@ -18,7 +18,7 @@ from safetensors import safe_open
 from torch import nn
 
 from flexspec.errors import ModelLoadError, ModelNotFoundError
-from flexspec.models.registry import BUILTIN_DRAFTERS, BUILTIN_MODELS
+from flexspec.models.registry import BUILTIN_DRAFTERS, BUILTIN_MODELS, folder_without_config
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
@@ -48,8 +48,9 @@ def resolve_model_dir(model: str) -> Path:
             f"refusing pickle checkpoint {path}: only safetensors or GGUF weights are loaded"
         )
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path} has no config.json")
+        problem = folder_without_config(model)
+        if problem is not None:
+            raise ModelLoadError(problem)
         if not list(path.glob("*.safetensors")):
             pickles = [p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES]
             if pickles:

@@ -93,6 +93,18 @@ BUILTIN_DRAFTERS = {
 }
 
 
+def folder_without_config(model: str) -> str | None:
+    """The message for ``model`` naming an existing folder without ``config.json`` (the loader's and
+    :func:`unknown_model_problem`'s rule), else None."""
+    path = Path(model).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        return (
+            f"model {model!r} is a folder without config.json "
+            "(a checkpoint folder holds config.json and *.safetensors)"
+        )
+    return None
+
+
 def unknown_model_problem(model: str, drafter: bool = False) -> str | None:
     """Why ``model`` cannot be loaded on this machine, without loading it: not a built-in id (a drafter may
     also be a built-in drafter) and no such folder or file, or a folder without ``config.json``; None when it
@@ -102,11 +114,9 @@ def unknown_model_problem(model: str, drafter: bool = False) -> str | None:
     if model in known:
         return None
     path = Path(model).expanduser()
-    if path.is_dir() and not (path / "config.json").is_file():
-        return (
-            f"model {model!r} is a folder without config.json "
-            "(a checkpoint folder holds config.json and *.safetensors)"
-        )
+    problem = folder_without_config(model)
+    if problem is not None:
+        return problem
     if path.exists():
         return None
     return f"unknown model {model!r}: not a built-in id ({', '.join(known)}) nor an existing folder or .gguf file"

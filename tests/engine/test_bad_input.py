@@ -81,6 +81,16 @@ def test_missing_or_wrong_model_path_says_so(tmp_path):
         resolve_model_dir(str(weights))
 
 
+def test_folder_without_config_named_as_the_cli_names_it(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError) as err:
+        resolve_model_dir(str(tmp_path))
+    assert str(err.value) == (
+        f"model {str(tmp_path)!r} is a folder without config.json "
+        "(a checkpoint folder holds config.json and *.safetensors)"
+    )
+
+
 def test_pickle_checkpoint_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
