@@ -1,8 +1,8 @@
 """OpenAIIngress: the HTTP front (FastAPI on Ray Serve) of the OpenAI-compatible API.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (JSON or SSE ``data: {...}`` ... ``data:
-[DONE]``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``. The ingress validates requests (pydantic),
-forwards them to an ``LLMServer`` replica through a streaming deployment handle, and maps every failure to
+[DONE]``), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics``. The ingress
+validates requests (pydantic), forwards them to an ``LLMServer`` replica through a streaming deployment handle, and maps every failure to
 OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``: 400 invalid input (also for what
 FastAPI would answer 422), 401 missing or wrong API key (when one is configured), 404 unknown model or route,
 413 body too large, 503/429 + ``Retry-After`` when the replicas' queues are full, 503 when the engine is down.
@@ -41,6 +41,7 @@ from cluster.errors import (
     error_body,
     error_from_exception,
     error_from_validation,
+    validation_param_and_message,
 )
 from cluster.metrics import ServerMetrics
 from cluster.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
@@ -56,9 +57,8 @@ app = FastAPI(title="flexspec", description="OpenAI-compatible API with speculat
 
 @app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    err = exc.errors()[0] if exc.errors() else {}
-    param = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or None
-    return JSONResponse(error_body(err.get("msg", "invalid request"), "invalid_request_error", param), 400)
+    param, text = validation_param_and_message(list(exc.errors()))
+    return JSONResponse(error_body(text, "invalid_request_error", param), 400)
 
 
 @app.exception_handler(StarletteHTTPException)
@@ -211,11 +211,8 @@ class OpenAIIngress:
         self.auth = ApiKeyAuth.from_config(self.args.ingress)
 
     # ---- info routes ----------------------------------------------------------------------------------------
-    @app.get("/v1/models")
-    async def models(self, request: Request) -> Any:
-        if (denied := self.auth.reject(request)) is not None:
-            return denied
-        card = {
+    def _model_card(self) -> dict[str, Any]:
+        return {
             "id": self.model_name,
             "object": "model",
             "created": self.created,
@@ -223,7 +220,24 @@ class OpenAIIngress:
             "root": self.args.engine.model,
             "max_model_len": self.args.engine.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models")
+    async def models(self, request: Request) -> Any:
+        if (denied := self.auth.reject(request)) is not None:
+            return denied
+        return {"object": "list", "data": [self._model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(self, model: str, request: Request) -> Any:
+        """OpenAI's model retrieval (``client.models.retrieve``): the served model's card, else 404."""
+        if (denied := self.auth.reject(request)) is not None:
+            return denied
+        if model != self.model_name:
+            err = ModelNotFoundError(
+                f"The model '{model}' does not exist; this server serves '{self.model_name}'.", param="model"
+            )
+            return _error_response(*error_from_exception(err))
+        return self._model_card()
 
     @app.get("/health")
     async def health(self) -> Response:
@@ -297,7 +311,7 @@ class OpenAIIngress:
                     gen.cancel()
                     raise _EngineUnavailable({"error": head[-1]["error"]})
                 if req.stream:
-                    return _SSEResponse(self._stream(gen, head, req.include_usage, tracker))
+                    return _SSEResponse(self._stream(gen, head, req, tracker))
                 return await self._collect(gen, head, tracker)
             except _EngineUnavailable as e:
                 wait = max(1.0, float(retry_after))
@@ -335,10 +349,12 @@ class OpenAIIngress:
         return gen, head
 
     async def _stream(
-        self, gen: Any, head: list[dict[str, Any]], include_usage: bool, tracker: Any
+        self, gen: Any, head: list[dict[str, Any]], req: SamplingRequest, tracker: Any
     ) -> AsyncIterator[str]:
         """SSE: every chunk as ``data: {...}``; usage chunk if asked; ``data: [DONE]``. An engine that fails
-        after tokens were sent ends the stream with an error event (OpenAI's error shape)."""
+        after tokens were sent ends the stream with an error event (OpenAI's error shape). A client that
+        leaves counts its unfinished choices as ``finished_reason="abort"`` (vLLM's metric)."""
+        include_usage = req.include_usage
         finished = False
         reasons: list[str | None] = []
         try:
@@ -355,7 +371,7 @@ class OpenAIIngress:
                     tracker.on_chunk(chunk)
                     reasons += [c["finish_reason"] for c in chunk["choices"] if c.get("finish_reason")]
                     if include_usage:
-                        chunk["usage"] = None
+                        chunk.setdefault("usage", None)  # usage so far with continuous_usage_stats
                     yield _sse(chunk)
             except Exception as e:  # noqa: BLE001 - the replica died mid-stream
                 log.warning("engine failed mid-stream: %s", type(e).__name__)
@@ -365,6 +381,7 @@ class OpenAIIngress:
         finally:
             if not finished:
                 gen.cancel()  # client went away: the replica aborts the sequences and frees their KV blocks
+                tracker.on_abort(req.num_choices - len(reasons))
 
     async def _collect(self, gen: Any, head: list[dict[str, Any]], tracker: Any) -> Response:
         """Merge the chunk stream into one ``chat.completion`` / ``text_completion`` response.

@@ -312,6 +312,13 @@ class RequestTracker:
         for r in finish_reasons:
             self.m.request_success.labels(name, r or "abort").inc()
 
+    def on_abort(self, num_unfinished: int) -> None:
+        """The client left before the end: its ``num_unfinished`` choices count as ``finished_reason="abort"``."""
+        if self.done or num_unfinished <= 0:
+            return
+        self.done = True
+        self.m.request_success.labels(self.m.model_name, "abort").inc(num_unfinished)
+
 
 def _has_output(choice: dict[str, Any]) -> bool:
     delta = choice.get("delta")

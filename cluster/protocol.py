@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from configs.sampling import SamplingParams
 from flexspec.errors import InvalidRequestError
@@ -24,6 +24,9 @@ class _OpenAIModel(BaseModel):
 
 class StreamOptions(_OpenAIModel):
     include_usage: bool = Field(False, description="Send a last chunk with token usage (choices = []).")
+    continuous_usage_stats: bool = Field(
+        False, description="vLLM extension: with include_usage, every chunk carries the usage so far."
+    )
 
 
 class TextPart(_OpenAIModel):
@@ -33,8 +36,29 @@ class TextPart(_OpenAIModel):
 
 class ChatMessage(_OpenAIModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    # required but for assistant messages (OpenAI: null there when the message carried tool calls)
+    content: str | list[TextPart] | None = Field(None, validate_default=True)
     name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        """Content parts other than text (``image_url``, ``input_audio``, ``file``) are named as unsupported
+        (the served models read text) instead of failing the text part's schema."""
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(f"content parts of type {kind!r} are not supported (text only)")
+        return content
+
+    @field_validator("content")
+    @classmethod
+    def _content_given(cls, content: Any, info: ValidationInfo) -> Any:
+        role = info.data.get("role")
+        if content is None and role is not None and role != "assistant":
+            raise ValueError(f"content is required for role {role!r}")
+        return content
 
     def as_template_dict(self) -> dict[str, Any]:
         """The message as the chat template expects it (text parts joined; ``developer`` -> ``system``)."""
@@ -64,13 +88,26 @@ class SamplingRequest(_OpenAIModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # vLLM extensions not implemented: rejected when set (400), not ignored
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Every streamed chunk carries the usage so far (vLLM's ``continuous_usage_stats``)."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def num_choices(self) -> int:
+        """Choices of the response (engine sequences): prompts x n."""
+        return self.n
 
     def _num_logprobs(self) -> int | None:
         return None
@@ -82,6 +119,12 @@ class SamplingRequest(_OpenAIModel):
                 raise InvalidRequestError(f"{name} is not supported", param=name)
         if self.logit_bias:
             raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
+        if self.min_tokens:
+            raise InvalidRequestError("min_tokens is not supported", param="min_tokens")
+        if self.include_stop_str_in_output:
+            raise InvalidRequestError(
+                "include_stop_str_in_output is not supported", param="include_stop_str_in_output"
+            )
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError(
                 "stream_options is only allowed when stream is true", param="stream_options"
@@ -127,6 +170,12 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = Field(
+        True, description="vLLM extension: end the prompt with the reply's start."
+    )
+    continue_final_message: bool = Field(
+        False, description="vLLM extension: the reply continues the last (assistant) message, left open."
+    )
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -155,6 +204,17 @@ class ChatCompletionRequest(SamplingRequest):
             )
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise InvalidRequestError(
+                    "continue_final_message needs add_generation_prompt set to false",
+                    param="continue_final_message",
+                )
+            if self.messages[-1].role != "assistant":
+                raise InvalidRequestError(
+                    "continue_final_message needs the last message to be the assistant's",
+                    param="continue_final_message",
+                )
 
     def max_output_tokens(self, prompt_len: int, max_model_len: int) -> int:
         """The request's limit, or whatever context is left (OpenAI's chat default)."""
@@ -182,13 +242,18 @@ class CompletionRequest(SamplingRequest):
             raise InvalidRequestError("suffix is not supported", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidRequestError("best_of other than n is not supported", param="best_of")
-        p = self.prompt
-        num_prompts = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
-        if num_prompts * self.n > MAX_CHOICES_PER_REQUEST:
+        if self.num_choices > MAX_CHOICES_PER_REQUEST:
             raise InvalidRequestError(
-                f"{num_prompts} prompts x n={self.n} choices exceed {MAX_CHOICES_PER_REQUEST} per request",
+                f"{self.num_choices // self.n} prompts x n={self.n} choices exceed {MAX_CHOICES_PER_REQUEST} "
+                "per request",
                 param="prompt",
             )
+
+    @property
+    def num_choices(self) -> int:
+        p = self.prompt
+        num_prompts = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
+        return num_prompts * self.n
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of prompts (text or token ids)."""

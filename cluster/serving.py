@@ -54,7 +54,12 @@ class OpenAIServing:
         req.check_supported()
         engine = self.controller.engine
         text = _user_input(
-            "messages", lambda: engine.render_chat_template([m.as_template_dict() for m in req.messages])
+            "messages",
+            lambda: engine.render_chat_template(
+                [m.as_template_dict() for m in req.messages],
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+            ),
         )
         # the text the tokenizer gets, so the bound holds for the template's own tokens too
         self._check_text_length(text, "messages")
@@ -62,16 +67,20 @@ class OpenAIServing:
         jobs = self._jobs(req, [prompt], param="messages")
         head = self._head(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion.chunk")
         for i in range(len(jobs)):  # role first, as OpenAI does
-            yield head | {
-                "choices": [
-                    {
-                        "index": i,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ]
-            }
+            yield (
+                self._usage_so_far(req, jobs)
+                | head
+                | {
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
+                }
+            )
         async for index, out in self._run(jobs):
             if not (out.new_text or out.finished or (req.logprobs and out.new_logprobs)):
                 continue  # tokens whose text is held back (partial UTF-8 / possible stop string)
@@ -83,7 +92,7 @@ class OpenAIServing:
             }
             if req.logprobs:
                 choice["logprobs"] = {"content": [self._chat_logprob(lp) for lp in out.new_logprobs]}
-            yield head | {"choices": [choice]}
+            yield head | {"choices": [choice]} | self._usage_so_far(req, jobs)
         yield head | {"choices": [], "usage": self._usage(jobs)}
 
     def _chat_logprob(self, lp: TokenLogprob) -> dict[str, Any]:
@@ -132,10 +141,14 @@ class OpenAIServing:
                 choice["logprobs"] = {
                     "tokens": [name(lp.token_id) for lp in out.new_logprobs],
                     "token_logprobs": [lp.logprob for lp in out.new_logprobs],
-                    "top_logprobs": [{name(t): v for t, v in lp.top} for lp in out.new_logprobs],
+                    # the chosen token among the alternatives, as OpenAI's legacy API and vLLM give it
+                    "top_logprobs": [
+                        {name(lp.token_id): lp.logprob} | {name(t): v for t, v in lp.top}
+                        for lp in out.new_logprobs
+                    ],
                     "text_offset": text_offset,
                 }
-            yield head | {"choices": [choice]}
+            yield head | {"choices": [choice]} | self._usage_so_far(req, jobs)
         yield head | {"choices": [], "usage": self._usage(jobs)}
 
     # ---- shared ---------------------------------------------------------------------------------------------
@@ -172,6 +185,10 @@ class OpenAIServing:
         prompt = sum(len(ids) for ids in {j.prompt_index: j.prompt_token_ids for j in jobs}.values())
         completion = sum(j.num_output_tokens for j in jobs)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _usage_so_far(self, req: SamplingRequest, jobs: list[_Job]) -> dict[str, Any]:
+        """``{"usage": ...}`` for a chunk when the request asked for continuous usage stats, else ``{}``."""
+        return {"usage": self._usage(jobs)} if req.continuous_usage else {}
 
     def _head(self, id_: str, obj: str) -> dict[str, Any]:
         return {"id": id_, "object": obj, "created": int(time.time()), "model": self.model_name}

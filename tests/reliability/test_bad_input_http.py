@@ -30,6 +30,7 @@ class Case:
     code: str | None = None
     method: str = "POST"
     headers: dict[str, str] = field(default_factory=dict)
+    message: str | None = None  # a part of the error message
 
 
 def chat(**kw) -> dict:
@@ -80,7 +81,21 @@ CASES = [
         "content_wrong_type",
         CHAT,
         chat(messages=[{"role": "user", "content": 42}]),
-        param="messages.0.content*",
+        param="messages.0.content",
+        message="messages.0.content: expected a string or a list of text parts",
+    ),
+    Case(
+        "user_content_null",
+        CHAT,
+        chat(messages=[{"role": "user", "content": None}]),
+        param="messages.0.content",
+        message="content is required for role 'user'",
+    ),
+    Case(
+        "text_part_without_text",
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+        param="messages.0.content.0.text",
     ),
     Case(
         "image_content_part",
@@ -88,7 +103,21 @@ CASES = [
         chat(
             messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]
         ),
-        param="messages.0.content*",
+        param="messages.0.content",
+        message="content parts of type 'image_url' are not supported",
+    ),
+    Case(
+        "continue_final_message_with_generation_prompt",
+        CHAT,
+        chat(messages=MSGS + [{"role": "assistant", "content": "He"}], continue_final_message=True),
+        param="continue_final_message",
+    ),
+    Case(
+        "continue_final_message_after_user",
+        CHAT,
+        chat(continue_final_message=True, add_generation_prompt=False),
+        param="continue_final_message",
+        message="last message to be the assistant's",
     ),
     # ---- max_tokens ----
     Case("max_tokens_zero", CHAT, chat(max_tokens=0), param="max_tokens"),
@@ -127,7 +156,13 @@ CASES = [
     Case("stop_list_huge", CHAT, chat(stop=["x"] * 1000), param="stop"),
     Case("stop_string_too_long", CHAT, chat(stop="y" * 300), param="stop"),
     Case("stop_empty_string", COMP, comp(stop=""), param="stop"),
-    Case("stop_wrong_type", COMP, comp(stop=5), param="stop*"),
+    Case(
+        "stop_wrong_type",
+        COMP,
+        comp(stop=5),
+        param="stop",
+        message="stop: expected a string or a list of strings",
+    ),
     Case("stop_token_ids_huge", COMP, comp(stop_token_ids=list(range(1000))), param="stop_token_ids"),
     # ---- logprobs / unsupported features ----
     Case("top_logprobs_out_of_range", CHAT, chat(logprobs=True, top_logprobs=50), param="top_logprobs"),
@@ -146,6 +181,13 @@ CASES = [
         "response_format_json", CHAT, chat(response_format={"type": "json_object"}), param="response_format"
     ),
     Case("echo_unsupported", COMP, comp(echo=True), param="echo"),
+    Case("min_tokens_unsupported", COMP, comp(min_tokens=5), param="min_tokens"),
+    Case(
+        "include_stop_str_unsupported",
+        CHAT,
+        chat(stop=["."], include_stop_str_in_output=True),
+        param="include_stop_str_in_output",
+    ),
     Case("best_of_unsupported", COMP, comp(best_of=3), param="best_of"),
     # ---- prompts ----
     Case("missing_prompt", COMP, {"model": M}, param="prompt"),
@@ -153,7 +195,13 @@ CASES = [
     Case("empty_prompt_string", COMP, comp(prompt=""), param="prompt"),
     Case("token_id_out_of_vocab", COMP, comp(prompt=[999_999_999]), param="prompt"),
     Case("negative_token_id", COMP, comp(prompt=[-1]), param="prompt"),
-    Case("prompt_mixed_types", COMP, comp(prompt=[1, "a"]), param="prompt*"),
+    Case(
+        "prompt_mixed_types",
+        COMP,
+        comp(prompt=[1, "a"]),
+        param="prompt",
+        message="prompt: expected a string, ",
+    ),
     Case("too_many_prompts", COMP, comp(prompt=["a"] * 100, n=2), param="prompt"),
     Case(
         "prompt_ids_at_max_model_len",
@@ -187,6 +235,14 @@ CASES = [
     Case("oversized_chunked_body", COMP, raw=b"chunked", status=413, code="request_too_large"),
     Case("unknown_route", "/v1/nothing-here", chat(), status=404, code="not_found"),
     Case("wrong_http_method", CHAT, method="GET", status=405),
+    Case(
+        "retrieve_unknown_model",
+        "/v1/models/no-such-model",
+        method="GET",
+        status=404,
+        param="model",
+        code="model_not_found",
+    ),
 ]
 
 
@@ -207,7 +263,9 @@ def _send(server, case: Case) -> httpx.Response:
     return httpx.post(url, content=content, headers=headers, timeout=60)
 
 
-def assert_openai_error(resp: httpx.Response, status: int, param: str | None, code: str | None) -> dict:
+def assert_openai_error(
+    resp: httpx.Response, status: int, param: str | None, code: str | None, message: str | None = None
+) -> dict:
     assert resp.status_code == status, resp.text
     assert resp.headers["content-type"].startswith("application/json")
     body = resp.json()
@@ -223,6 +281,8 @@ def assert_openai_error(resp: httpx.Response, status: int, param: str | None, co
             assert err["param"] == param, err
     if code is not None:
         assert err["code"] == code, err
+    if message is not None:
+        assert message in err["message"], err
     return err
 
 
@@ -232,7 +292,7 @@ def test_table_has_enough_cases():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_gets_openai_error_and_server_keeps_serving(rel_server, case):
-    err = assert_openai_error(_send(rel_server, case), case.status, case.param, case.code)
+    err = assert_openai_error(_send(rel_server, case), case.status, case.param, case.code, case.message)
     if case.status == 400:
         assert err["type"] == "invalid_request_error"
     rel_server.valid_request()
