@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.common import median, progress, summarize_ms
+from flexspec.spec.step_times import batch_bucket
 
 _request_ids = itertools.count()
 
@@ -38,6 +39,11 @@ class StepRecord:
     decode: bool = False  # every sequence decodes (1 token, or bonus + drafts); no prefill chunk
     mode: str = "plain"  # the policy's decision for the step ("plain" | "decoupled" | "parallel")
     reason: str = ""  # why the policy chose it (``Decision.reason``: best, warmup, measure, probe, ...)
+    # where the policy ranked its options: {option: expected tokens/s per sequence} (margins and switch costs
+    # applied), its E[tokens per speculative step] and {option: estimated step ms}; None otherwise
+    rates: dict[str, float] | None = None
+    spec_tokens: float | None = None
+    est_ms: dict[str, float] | None = None
     launched: bool = False  # enqueued by ``launch`` (collected later) rather than run by ``execute``
     ahead: bool = False  # launched before the previous step was collected (async scheduling)
     num_launched: int = 0  # model steps started in this call (2: a prefill, then the next step)
@@ -125,6 +131,12 @@ class StepTimers:
         modes = getattr(policy, "last_modes", None)  # [-1]: this input's option
         rec.mode = "plain" if modes is None else modes[-1] if modes else inp.spec_mode
         rec.reason = getattr(policy, "last_reason", "")
+        rates = getattr(policy, "last_rates", None)
+        if rates is not None:
+            bucket = batch_bucket(len(inp.query_lens))
+            rec.rates = {k: round(v, 1) for k, v in rates.items()}
+            rec.spec_tokens = round(policy.last_spec_tokens, 3)
+            rec.est_ms = {k: round((policy.step_time(k, bucket) or 0.0) * 1e3, 4) for k in rates}
         rec.launched = rec.ahead = False
 
     def _propose(self, *args: Any, **kwargs: Any) -> Any:

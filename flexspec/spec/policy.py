@@ -130,6 +130,10 @@ class SpeculationPolicy(MALEstimates):
     mode_counts: dict[str, int] = field(default_factory=dict)
     last_modes: list[str] = field(default_factory=list)  # the last two decisions (steady-state attribution)
     last_reason: str = ""  # the latest decision's ``Decision.reason`` (step logs)
+    # the latest decision's expected tokens / s per option (margins and switch costs applied) and E[tokens per
+    # speculative step] of its batch, where it ranked options (reason best / measure / probe), else None
+    last_rates: dict[str, float] | None = None
+    last_spec_tokens: float | None = None
     probe: tuple[str, int] | None = None  # (mode, decisions left) of a running re-measurement
     # bucket -> (decision count of its next probe, the interval that set it)
     probe_due: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -161,6 +165,7 @@ class SpeculationPolicy(MALEstimates):
     # ---- decisions ------------------------------------------------------------------------------------------
     def decide(self, sched: SchedulerOutput) -> Decision:
         k = self.spec.num_speculative_tokens
+        self.last_rates = None
         num_seqs = len(sched.scheduled)
         limit = self.spec.disable_by_batch_size
         if limit is not None and num_seqs > limit:
@@ -193,6 +198,7 @@ class SpeculationPolicy(MALEstimates):
             else:  # leaving speculation commits to paying for the return
                 rates["plain"] *= self.round_trip_factor(last, bucket, tokens[last])
         ranked = sorted(self.options, key=rates.__getitem__, reverse=True)
+        self.last_rates, self.last_spec_tokens = rates, spec_tokens
         best = rates[ranked[0]]
         for mode in ranked[1:]:  # plausible options never measured at this batch size
             if (
