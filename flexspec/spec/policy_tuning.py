@@ -38,8 +38,9 @@ SWITCH_MAX = 3.0  # a switch step is priced at most this many steady speculative
 # speculative steps with a prompt 2.9-6.2 ms at b=16-64 against 1.0-1.5 ms for the plain engine's steps with a
 # prompt, and the policy, which times pure decode steps only, never sees them. Joining requests also start
 # from the prior G, so the batch's estimate jumps at exactly those steps. False: such a step stays plain
-# (reason "join"); speculation can start at the next pure decode step. Not measured on a GPU yet (session 41
-# had no device); bench.policy_replay (session 33's traces, session 39's H100 times, 4 seeds), whose steps
-# with a prompt cost the fixed modes' mean and not the eager entry, finds False neutral (mean auto / best
-# 0.9856 vs 0.9861; GSM8K b=2 0.937 vs 0.950), so the default stays True until a device A/B decides.
+# (reason "join"); speculation can start at the next pure decode step. Neutral in bench.policy_replay (session
+# 33's traces, session 39's H100 times, 4 seeds: mean auto / best 0.9856 vs 0.9861) and on the H100 (session 42,
+# HumanEval / MT-Bench b = 16-64, 2 rounds: auto's time 6,702 vs 6,723 ms; fewer speculative steps with a joining
+# prompt at b=64, more at b = 16-32, where prompts then joined a batch that had started speculating), so the
+# default stays True.
 ENTER_AT_JOIN = True
