@@ -67,20 +67,13 @@ class OpenAIServing:
         jobs = self._jobs(req, [prompt], param="messages")
         head = self._head(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion.chunk")
         for i in range(len(jobs)):  # role first, as OpenAI does
-            yield (
-                self._usage_so_far(req, jobs)
-                | head
-                | {
-                    "choices": [
-                        {
-                            "index": i,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ]
-                }
-            )
+            role = {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            yield head | {"choices": [role]} | self._usage_so_far(req, jobs)
         async for index, out in self._run(jobs):
             if not (out.new_text or out.finished or (req.logprobs and out.new_logprobs)):
                 continue  # tokens whose text is held back (partial UTF-8 / possible stop string)
