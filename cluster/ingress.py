@@ -312,7 +312,7 @@ class OpenAIIngress:
                     raise _EngineUnavailable({"error": head[-1]["error"]})
                 if req.stream:
                     return _SSEResponse(self._stream(gen, head, req, tracker))
-                return await self._collect(gen, head, tracker)
+                return await self._collect(gen, head, tracker, req.num_choices)
             except _EngineUnavailable as e:
                 wait = max(1.0, float(retry_after))
                 if time.monotonic() + wait > deadline:
@@ -383,8 +383,11 @@ class OpenAIIngress:
                 gen.cancel()  # client went away: the replica aborts the sequences and frees their KV blocks
                 tracker.on_abort(req.num_choices - len(reasons))
 
-    async def _collect(self, gen: Any, head: list[dict[str, Any]], tracker: Any) -> Response:
-        """Merge the chunk stream into one ``chat.completion`` / ``text_completion`` response.
+    async def _collect(
+        self, gen: Any, head: list[dict[str, Any]], tracker: Any, num_choices: int
+    ) -> Response:
+        """Merge the chunk stream into one ``chat.completion`` / ``text_completion`` response. A client that
+        leaves first counts its ``num_choices`` less the finished ones as ``finished_reason="abort"``.
 
         Raises:
             _EngineUnavailable: the engine failed before the response was complete (nothing was sent).
@@ -392,13 +395,14 @@ class OpenAIIngress:
         choices: dict[int, dict[str, Any]] = {}
         top: dict[str, Any] = {}
         usage: dict[str, int] = {}
-        finished = False
+        finished = answered = False  # answered: with an error, or the engine failed (retried)
         try:
             try:
                 async for chunk in _chain(head, gen):
                     if "error" in chunk:
                         if chunk["error"]["type"] == "engine_unavailable":
                             raise _EngineUnavailable({"error": chunk["error"]})
+                        answered = True
                         return _error_response(chunk["status"], {"error": chunk["error"]})
                     top = {k: chunk[k] for k in ("id", "object", "created", "model")}
                     if not chunk["choices"] and "usage" in chunk:
@@ -410,13 +414,19 @@ class OpenAIIngress:
                     for c in chunk["choices"]:
                         _merge_choice(choices.setdefault(c["index"], {"index": c["index"]}), c)
             except _EngineUnavailable:
+                answered = True
                 raise
             except Exception as e:  # the replica died mid-request
+                answered = True
                 raise _unavailable(type(e).__name__) from e
             finished = True
         finally:
             if not finished:
                 gen.cancel()
+                if not answered:  # cancelled: the client went away
+                    tracker.on_abort(
+                        num_choices - sum(bool(c.get("finish_reason")) for c in choices.values())
+                    )
         chat = top.get("object") == "chat.completion.chunk"
         top["object"] = "chat.completion" if chat else "text_completion"
         out = [_final_choice(choices[i], chat) for i in sorted(choices)]

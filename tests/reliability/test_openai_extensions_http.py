@@ -1,14 +1,16 @@
 """OpenAI / vLLM request options over real HTTP (the package's ``rel_server``): model retrieval, the chosen
 token among legacy completion logprobs, continuous usage stats, a chat reply continuing the assistant's last
-message, and aborted streams counted in ``vllm:request_success_total``. References come from the in-process
+message, and requests their client left (streamed or not) counted in ``vllm:request_success_total``. References come from the in-process
 ``engine`` at T=0 (the server's n-gram speculation is exact)."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
+import pytest
 
 from configs import SamplingParams
 
@@ -86,7 +88,7 @@ def test_continue_final_message_extends_the_assistants_text(rel_server, engine):
     assert ref.token_ids != plain[0].token_ids  # it continued the given text, not a fresh answer
 
 
-def test_stream_left_by_its_client_counts_as_abort(rel_server):
+def test_requests_left_by_their_client_count_as_abort(rel_server):
     def aborted() -> float:
         text = httpx.get(f"{rel_server.base_url}/metrics", headers=rel_server.headers, timeout=30).text
         return sum(
@@ -107,3 +109,16 @@ def test_stream_left_by_its_client_counts_as_abort(rel_server):
         assert len(got) >= 3
     rel_server.wait_idle()
     assert aborted() - before == 2  # both choices
+    body = {
+        "model": rel_server.model,
+        "prompt": "Count to one thousand:",
+        "max_tokens": 300,
+        "ignore_eos": True,
+    }
+    with pytest.raises(httpx.ReadTimeout):  # a client that stops waiting for a non-streamed answer
+        httpx.post(f"{rel_server.api}/completions", json=body, headers=rel_server.headers, timeout=2)
+    rel_server.wait_idle()
+    deadline = time.monotonic() + 10
+    while aborted() - before < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert aborted() - before == 3
