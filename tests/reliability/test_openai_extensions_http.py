@@ -1,7 +1,7 @@
 """OpenAI / vLLM request options over real HTTP (the package's ``rel_server``): model retrieval, the chosen
 token among legacy completion logprobs, continuous usage stats, a chat reply continuing the assistant's last
-message, and requests their client left (streamed or not) counted in ``vllm:request_success_total``. References come from the in-process
-``engine`` at T=0 (the server's n-gram speculation is exact)."""
+message, and requests their client left (streamed or not) counted in ``vllm:request_success_total``.
+References come from the in-process ``engine`` at T=0 (the server's n-gram speculation is exact)."""
 
 from __future__ import annotations
 
