@@ -15,8 +15,9 @@ previous step's output processing, the share of the file's total wall time, and 
 30's H100 logs, b=64: entering speculation cost up to 4.5 steady speculative steps before that session's cheaper
 entry, 0.9-1.3 after it).
 
-Input: a folder of ``.jsonl`` step logs or a ``.tgz`` / ``.tar.gz`` of one (as stored under ``bench/results``).
-Output: one block per file on stdout; ``--output`` writes the JSON (``schema`` flexspec.bench.step_log_report/1).
+Input: a folder of ``.jsonl`` step logs or a tar archive of one (``.tgz`` / ``.tar.gz`` / ``.tar.xz``, as stored
+under ``bench/results``). Output: one block per file through the bench logger (stderr, as the other bench tools);
+``--output`` writes the JSON (``schema`` flexspec.bench.step_log_report/1).
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def summarize(name: str, lines: list[str]) -> dict[str, Any]:
 
 def build_parser(prog: str = "python -m bench.step_log_report") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("source", help="folder of spec_bench --step-log files, or a .tgz of one")
+    p.add_argument("source", help="folder of spec_bench --step-log files, or a tar archive of one")
     p.add_argument("--output", type=output_path, default=None, help="write the summary as JSON here")
     return p
 

@@ -66,10 +66,11 @@ def test_steps_are_classed_per_round_and_summarized(tmp_path):
     assert rows[("decoupled", "steady")]["reasons"] == {"probe": 1}  # the other one's log has no reason
     assert rows[("plain", "steady")]["reasons"] == {"best": 2}
     assert json.loads((tmp_path / "r.json").read_text())["files"] == doc["files"]
-    # the same logs as stored under bench/results (a .tgz of the folder) give the same summary
-    with tarfile.open(tmp_path / "steps.tgz", "w:gz") as tar:
-        tar.add(tmp_path / "steps", arcname="steps")
-    assert report_main([str(tmp_path / "steps.tgz")])["files"] == doc["files"]
+    # the same logs as stored under bench/results (a .tgz or .tar.xz of the folder) give the same summary
+    for name, mode in (("steps.tgz", "w:gz"), ("steps.tar.xz", "w:xz")):
+        with tarfile.open(tmp_path / name, mode) as tar:
+            tar.add(tmp_path / "steps", arcname="steps")
+        assert report_main([str(tmp_path / name)])["files"] == doc["files"]
 
 
 @pytest.mark.parametrize(
