@@ -73,7 +73,7 @@ class OpenAIServing:
                 "logprobs": None,
                 "finish_reason": None,
             }
-            yield head | {"choices": [role]} | self._usage_so_far(req, jobs)
+            yield head | {"choices": [role]} | self._usage_so_far(req, jobs[i])
         async for index, out in self._run(jobs):
             if not (out.new_text or out.finished or (req.logprobs and out.new_logprobs)):
                 continue  # tokens whose text is held back (partial UTF-8 / possible stop string)
@@ -85,7 +85,7 @@ class OpenAIServing:
             }
             if req.logprobs:
                 choice["logprobs"] = {"content": [self._chat_logprob(lp) for lp in out.new_logprobs]}
-            yield head | {"choices": [choice]} | self._usage_so_far(req, jobs)
+            yield head | {"choices": [choice]} | self._usage_so_far(req, jobs[index])
         yield head | {"choices": [], "usage": self._usage(jobs)}
 
     def _chat_logprob(self, lp: TokenLogprob) -> dict[str, Any]:
@@ -141,7 +141,7 @@ class OpenAIServing:
                     ],
                     "text_offset": text_offset,
                 }
-            yield head | {"choices": [choice]} | self._usage_so_far(req, jobs)
+            yield head | {"choices": [choice]} | self._usage_so_far(req, jobs[index])
         yield head | {"choices": [], "usage": self._usage(jobs)}
 
     # ---- shared ---------------------------------------------------------------------------------------------
@@ -179,9 +179,10 @@ class OpenAIServing:
         completion = sum(j.num_output_tokens for j in jobs)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def _usage_so_far(self, req: SamplingRequest, jobs: list[_Job]) -> dict[str, Any]:
-        """``{"usage": ...}`` for a chunk when the request asked for continuous usage stats, else ``{}``."""
-        return {"usage": self._usage(jobs)} if req.continuous_usage else {}
+    def _usage_so_far(self, req: SamplingRequest, job: _Job) -> dict[str, Any]:
+        """``{"usage": ...}`` for a chunk of choice ``job`` when the request asked for continuous usage stats
+        (its prompt's tokens and its own tokens so far, as vLLM reports them), else ``{}``."""
+        return {"usage": self._usage([job])} if req.continuous_usage else {}
 
     def _head(self, id_: str, obj: str) -> dict[str, Any]:
         return {"id": id_, "object": obj, "created": int(time.time()), "model": self.model_name}

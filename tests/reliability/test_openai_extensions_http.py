@@ -41,12 +41,15 @@ def test_completion_top_logprobs_include_the_chosen_token(rel_server, engine):
             assert len(top) == max(k, 1)
 
 
-def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(rel_server):
+def test_continuous_usage_stats_put_each_choices_usage_so_far_on_its_chunks(rel_server):
+    """As vLLM: every chunk carries its choice's usage so far (its prompt's tokens, its own tokens); the last
+    chunk (no choices) the request's total."""
     body = {
         "model": rel_server.model,
         "messages": [{"role": "user", "content": "Name three colors."}],
         "temperature": 0,
         "max_tokens": 12,
+        "n": 2,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
@@ -55,12 +58,17 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(rel_server):
     ) as r:
         assert r.status_code == 200
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
-    usages = [c["usage"] for c in chunks]
-    assert all(u is not None for u in usages), chunks
-    done = [u["completion_tokens"] for u in usages]
-    assert done == sorted(done) and done[0] == 0 and done[-1] == 12
-    assert chunks[-1]["choices"] == [] and len({u["prompt_tokens"] for u in usages}) == 1
-    assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+    assert all(c["usage"] is not None for c in chunks), chunks
+    assert all(
+        u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in (c["usage"] for c in chunks)
+    )
+    *per_choice, last = chunks
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 24
+    prompt = {c["usage"]["prompt_tokens"] for c in per_choice}
+    assert prompt == {last["usage"]["prompt_tokens"]}  # one prompt: each choice reports it
+    for i in (0, 1):
+        done = [c["usage"]["completion_tokens"] for c in per_choice if c["choices"][0]["index"] == i]
+        assert done == sorted(done) and done[0] == 0 and done[-1] == 12, (i, done)
 
 
 def test_continue_final_message_extends_the_assistants_text(rel_server, engine):
