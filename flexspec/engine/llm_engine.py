@@ -17,6 +17,7 @@ from flexspec.engine.executor import Executor, LocalExecutor
 from flexspec.engine.input_builder import general_input, plain_decode_input
 from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.outputs import RequestOutput
+from flexspec.engine.prompts import PromptMixin
 from flexspec.engine.scheduler import Scheduler, SchedulerOutput
 from flexspec.engine.sequence import Sequence, SequenceStatus, TokenLogprob
 from flexspec.errors import ContextLengthExceededError, InvalidRequestError
@@ -69,7 +70,7 @@ class _Appended:
     stopped_by_token: bool = False  # the last id is EOS / a stop token id: kept in ids, not in text (vLLM)
 
 
-class LLMEngine(AsyncSchedulingMixin):
+class LLMEngine(AsyncSchedulingMixin, PromptMixin):
     """Continuous-batching generation engine.
 
     Usage: ``add_request`` any number of requests, then call ``step`` until ``has_unfinished`` is False;
@@ -119,39 +120,6 @@ class LLMEngine(AsyncSchedulingMixin):
             self.speculation_profile = self.profile_speculation(steps)
 
     # ---- requests -----------------------------------------------------------------------------------------
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Render OpenAI-style messages with the model's chat template; returns prompt token ids."""
-        return self.encode(self.render_chat_template(messages), add_special_tokens=False)
-
-    def render_chat_template(
-        self,
-        messages: list[dict[str, Any]],
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-    ) -> str:
-        """The prompt text of OpenAI-style messages (chat template), untokenized; its token ids are
-        ``encode(text, add_special_tokens=False)``. ``add_generation_prompt``: end with the start of the
-        assistant's reply; ``continue_final_message``: leave the last message open (no end-of-turn) so the
-        reply continues it (transformers' ``apply_chat_template`` options of the same names, as vLLM's).
-
-        Raises:
-            InvalidRequestError: no messages, or the model has no chat template.
-        """
-        if not messages:
-            raise InvalidRequestError("messages must not be empty", param="messages")
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise InvalidRequestError(f"model {self.config.model!r} has no chat template", param="messages")
-        return self.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            tokenize=False,
-        )
-
-    def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``prompt`` (with the tokenizer's BOS etc. unless ``add_special_tokens`` is False)."""
-        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-
     def add_request(
         self,
         prompt: str | list[int],
