@@ -2,9 +2,9 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (JSON or SSE ``data: {...}`` ... ``data:
 [DONE]``), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics``. The ingress
-validates requests (pydantic), forwards them to an ``LLMServer`` replica through a streaming deployment handle, and maps every failure to
-OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``: 400 invalid input (also for what
-FastAPI would answer 422), 401 missing or wrong API key (when one is configured), 404 unknown model or route,
+validates requests (pydantic), forwards them to an ``LLMServer`` replica through a streaming deployment handle,
+and maps every failure to OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``: 400 invalid
+input (also for what FastAPI would answer 422), 401 missing or wrong API key (when one is configured), 404 unknown model or route,
 413 body too large, 503/429 + ``Retry-After`` when the replicas' queues are full, 503 when the engine is down.
 A request that meets a dead or restarting engine before any token reached the client is retried until
 ``ingress.engine_retry_timeout_s`` (Serve replaces the replica meanwhile); one that already streamed tokens
@@ -395,14 +395,13 @@ class OpenAIIngress:
         choices: dict[int, dict[str, Any]] = {}
         top: dict[str, Any] = {}
         usage: dict[str, int] = {}
-        finished = answered = False  # answered: with an error, or the engine failed (retried)
+        finished = False
         try:
             try:
                 async for chunk in _chain(head, gen):
                     if "error" in chunk:
                         if chunk["error"]["type"] == "engine_unavailable":
                             raise _EngineUnavailable({"error": chunk["error"]})
-                        answered = True
                         return _error_response(chunk["status"], {"error": chunk["error"]})
                     top = {k: chunk[k] for k in ("id", "object", "created", "model")}
                     if not chunk["choices"] and "usage" in chunk:
@@ -414,19 +413,16 @@ class OpenAIIngress:
                     for c in chunk["choices"]:
                         _merge_choice(choices.setdefault(c["index"], {"index": c["index"]}), c)
             except _EngineUnavailable:
-                answered = True
+                raise
+            except asyncio.CancelledError:  # the client went away
+                tracker.on_abort(num_choices - sum(bool(c.get("finish_reason")) for c in choices.values()))
                 raise
             except Exception as e:  # the replica died mid-request
-                answered = True
                 raise _unavailable(type(e).__name__) from e
             finished = True
         finally:
             if not finished:
                 gen.cancel()
-                if not answered:  # cancelled: the client went away
-                    tracker.on_abort(
-                        num_choices - sum(bool(c.get("finish_reason")) for c in choices.values())
-                    )
         chat = top.get("object") == "chat.completion.chunk"
         top["object"] = "chat.completion" if chat else "text_completion"
         out = [_final_choice(choices[i], chat) for i in sorted(choices)]
