@@ -2,14 +2,14 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (JSON or SSE ``data: {...}`` ... ``data:
 [DONE]``), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics``. The ingress
-validates requests (pydantic), forwards them to an ``LLMServer`` replica through a streaming deployment handle,
-and maps every failure to OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``: 400 invalid
-input (also for what FastAPI would answer 422), 401 missing or wrong API key (when one is configured), 404 unknown model or route,
-413 body too large, 503/429 + ``Retry-After`` when the replicas' queues are full, 503 when the engine is down.
-A request that meets a dead or restarting engine before any token reached the client is retried until
-``ingress.engine_retry_timeout_s`` (Serve replaces the replica meanwhile); one that already streamed tokens
-ends with an SSE error event. A client that disconnects cancels its request, which aborts the engine
-sequences and frees their KV blocks.
+validates requests (pydantic), forwards them to an ``LLMServer`` replica through a streaming deployment
+handle, and maps every failure to OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``:
+400 invalid input (also for what FastAPI would answer 422), 401 missing or wrong API key (when one is
+configured), 404 unknown model or route, 413 body too large, 503/429 + ``Retry-After`` when the replicas'
+queues are full, 503 when the engine is down. A request that meets a dead or restarting engine before any
+token reached the client is retried until ``ingress.engine_retry_timeout_s`` (Serve replaces the replica
+meanwhile); one that already streamed tokens ends with an SSE error event. A client that disconnects cancels
+its request, which aborts the engine sequences and frees their KV blocks.
 
 No ``from __future__ import annotations`` here: Serve rebuilds the route signatures and FastAPI must see real
 types (``Request``), not strings.
