@@ -14,7 +14,8 @@ from bench.common import JsonReport, cuda_graph_summary, cycle_to, log, short_er
 
 def expand_configs(raw: list[str], sweep: list[int] | None) -> list[dict[str, Any]]:
     """Parse ``--speculative-config`` values into ``{"label", "config_label", "config"}`` systems, validated
-    with the engine's schema and expanded over ``sweep``; labels are made unique."""
+    with the engine's schema and expanded over ``sweep``. A system is named by its ``"label"`` key as given
+    (``-k{N}`` added under a sweep), else ``{method}-k{N}``; a repeated name gets ``-2``, ``-3``, ..."""
     from configs.speculative import parse_speculative_config
 
     configs: list[dict[str, Any]] = []
@@ -31,6 +32,7 @@ def expand_configs(raw: list[str], sweep: list[int] | None) -> list[dict[str, An
     seen: dict[str, int] = {}
     for item in configs:
         item = dict(item)
+        named = "label" in item
         base = str(item.pop("label", item["method"]))
         for k in sweep or [None]:
             cfg = dict(item) if k is None else {**item, "num_speculative_tokens": k}
@@ -43,7 +45,7 @@ def expand_configs(raw: list[str], sweep: list[int] | None) -> list[dict[str, An
 
                 why = validation_message(e) if isinstance(e, ValidationError) else str(e)
                 raise SystemExit(f"error: invalid speculative config {json.dumps(cfg)}: {why}") from None
-            label = f"{base}-k{parsed.num_speculative_tokens}"
+            label = base if named and sweep is None else f"{base}-k{parsed.num_speculative_tokens}"
             seen[label] = seen.get(label, 0) + 1
             if seen[label] > 1:
                 label = f"{label}-{seen[label]}"

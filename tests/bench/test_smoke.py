@@ -206,6 +206,12 @@ def test_expand_configs_sweep_and_labels():
     )
     assert [s["label"] for s in systems] == ["ngram-k1", "ngram-k3", "ng2-k1", "ng2-k3"]
     assert [s["num_speculative_tokens"] for s in systems] == [1, 3, 1, 3]
+    # without a sweep an explicit label is the system's name as given (not "auto-k15"); repeats are numbered
+    systems = spec_bench.expand_configs(
+        ['{"method": "ngram", "label": "auto"}', '{"method": "ngram"}', '{"method": "ngram", "label": "auto"}'],
+        None,
+    )
+    assert [s["label"] for s in systems] == ["auto", "ngram-k5", "auto-2"]
     with pytest.raises(
         SystemExit, match=r"^error: invalid speculative config .*num_speculative_tokens: Input"
     ) as e:
