@@ -208,7 +208,11 @@ def test_expand_configs_sweep_and_labels():
     assert [s["num_speculative_tokens"] for s in systems] == [1, 3, 1, 3]
     # without a sweep an explicit label is the system's name as given (not "auto-k15"); repeats are numbered
     systems = spec_bench.expand_configs(
-        ['{"method": "ngram", "label": "auto"}', '{"method": "ngram"}', '{"method": "ngram", "label": "auto"}'],
+        [
+            '{"method": "ngram", "label": "auto"}',
+            '{"method": "ngram"}',
+            '{"method": "ngram", "label": "auto"}',
+        ],
         None,
     )
     assert [s["label"] for s in systems] == ["auto", "ngram-k5", "auto-2"]
