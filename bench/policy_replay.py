@@ -15,7 +15,8 @@ dataset x batch size on one policy, whose state carries over between points as i
 The replay's model of a step: a request that was drafted for in the previous step verifies its drafts and
 emits ``accepted + 1`` tokens (capped at its remaining ``max_tokens``), otherwise 1; the step costs a
 speculative step if any request verifies or is drafted for, else a plain step (the plain engine's: the extra
-host work of a speculative engine's plain steps is not modelled, nor step times that drift during a run);
+host work of a speculative engine's plain steps is not modelled, nor step times that drift during a run, but
+``--spells`` adds slow spells: a few consecutive steps of every mode cost some milliseconds more);
 ``--switch-costs`` prices the step entering speculation and the one leaving it as multiples of a speculative
 step (they cost more where the drafter catches up on the context plain steps left).
 A step in which requests join (their prompts prefill; they start with their first token, without drafts)
@@ -84,9 +85,12 @@ class StepTimes:
         noise: float,
         rng: random.Random,
         prefill: dict[str, dict[int, float]] | None = None,
+        spells: tuple[float, int, float] = (0.0, 0, 0.0),
     ) -> None:
         self.table, self.noise, self.rng = table, noise, rng
         self.prefill = prefill or {}  # {mode: {batch: seconds}} of steps that prefill
+        self.spell_rate, self.spell_steps, self.spell_extra = spells  # see --spells
+        self.spell_left = 0  # steps of the running spell still to come
 
     def modes(self) -> list[str]:
         return list(self.table)
@@ -100,7 +104,14 @@ class StepTimes:
         return row[near]
 
     def sample(self, mode: str, num_seqs: int, prefill: bool = False) -> float:
-        return self.mean(mode, num_seqs, prefill) * math.exp(self.rng.gauss(0.0, self.noise))
+        """One step's seconds: the mean times log-normal noise, plus a spell's extra time while one runs."""
+        t = self.mean(mode, num_seqs, prefill) * math.exp(self.rng.gauss(0.0, self.noise))
+        if self.spell_left == 0 and self.spell_rate > 0 and self.rng.random() < self.spell_rate:
+            self.spell_left = self.spell_steps
+        if self.spell_left > 0:
+            self.spell_left -= 1
+            t += self.spell_extra
+        return t
 
 
 def _runs_by_mode(doc: dict[str, Any], method: str, dataset: str | None, k: int | None = None):
@@ -321,6 +332,14 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
         "drafts), cost these multiples of the speculative mode's step (H100, session 30's final logs, "
         "bench.step_log_report, b=16-64: ~0.9-1.3 and ~1.0-1.2; earlier runs, b=1-4: ~0.5-1.3 and ~1.8-2.6)",
     )
+    p.add_argument(
+        "--spells",
+        default="0,0,0",
+        metavar="RATE,STEPS,EXTRA_MS",
+        help="slow spells: each step starts one with probability RATE (unless one runs); for STEPS steps every "
+        "step, whatever its mode, takes EXTRA_MS more (H100, session 42, batch 1: ~1 per 1000 steps in the "
+        "plain engine's own logs as in auto's, 3-17 steps at ~1-3.5 ms instead of 0.47; e.g. 0.001,8,2)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--set",
@@ -388,6 +407,17 @@ def _switch_costs(text: str) -> tuple[float, float]:
     return enter, exit_
 
 
+def _spells(text: str) -> tuple[float, int, float]:
+    try:
+        rate, steps, extra_ms = text.split(",")
+        out = (float(rate), int(steps), float(extra_ms) / 1e3)
+    except ValueError:
+        raise ValueError(f"--spells {text!r}: expected RATE,STEPS,EXTRA_MS (e.g. 0.001,8,2)") from None
+    if not 0 <= out[0] <= 1 or out[1] < 0 or out[2] < 0:
+        raise ValueError(f"--spells {text!r}: RATE must be in [0, 1], STEPS and EXTRA_MS at least 0")
+    return out
+
+
 def _load(path: str, schema: str) -> dict[str, Any]:
     """A result JSON of the given schema family. Raises ValueError (missing, not JSON, another schema)."""
     try:
@@ -414,7 +444,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         {} if args.no_prefill_cost else prefill_step_times_from_spec_bench(bench_doc, spec["method"], k=k)
     )
     rng = random.Random(args.seed)
-    times = StepTimes(table, args.noise, rng, prefill)
+    times = StepTimes(table, args.noise, rng, prefill, _spells(args.spells))
     traces = {d: [t["accepted"] for t in ts] for d, ts in traces_doc["traces"].items()}
     if args.datasets is not None:
         order = [d.strip() for d in args.datasets.split(",") if d.strip()]

@@ -16,7 +16,14 @@ PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the be
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
 PROBE_BUDGET = 0.01  # expected throughput a bucket's probes may cost (share of the best mode's); 0 = no limit
 EMA = 0.2  # weight of the newest sample in acceptance and per-request MAL moving averages
-STAT_WINDOW = 15  # step times per (mode, bucket) whose median is the estimate
+# Step times per (mode, bucket) whose median is the estimate. Its median outlasts slow spells of up to 15 steps:
+# H100, session 42, batch 1, HumanEval: spells of 3-17 plain steps at ~1-3.9 ms instead of 0.47 (~1 per 1,000
+# steps, in the plain engine's own logs as in auto's; host or device hiccups that slow every mode). With 15, a spell
+# of 8 steps moved plain's median; auto then entered speculation and stayed STALE_AFTER decisions, 14 stretches
+# at MAL ~2.1 (~0.75 ms per token), 4-6% under plain. bench.policy_replay with such spells (--spells 0.001,8,2,
+# session 33's traces, session 42's H100 times, 6 seeds): HumanEval b=1 auto / plain 0.969 (15) -> 0.987 (31);
+# without spells GSM8K / MT-Bench b = 1, 8, 64 unchanged or up to +0.01.
+STAT_WINDOW = 31
 LONG_WINDOW = 256  # step times per (mode, bucket) whose median a stale estimate falls back to
 STALE_AFTER = 32  # decisions without a new step time after which a mode's estimate is stale
 MIN_PRIOR_VERIFICATIONS = (

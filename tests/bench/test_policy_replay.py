@@ -90,7 +90,8 @@ def test_replay_follows_what_the_drafts_are_worth(tmp_path, accepted):
             assert p["auto_vs_plain"] > 2.5 and p["auto_vs_best"] > 0.9
             assert p["auto_steps"].get("decoupled", 0) > p["auto_steps"].get("plain", 0)
         else:
-            assert 0.95 < p["auto_vs_plain"] <= 1.0 + 1e-9 and p["decoupled"] < 0.6 * p["plain"]
+            # at most noise above plain: the two runs draw their own 5% step-time noise (~0.3% over 256 steps)
+            assert 0.95 < p["auto_vs_plain"] < 1.01 and p["decoupled"] < 0.6 * p["plain"]
 
 
 def test_steps_that_prefill_cost_what_spec_bench_measured(tmp_path):
@@ -174,6 +175,8 @@ def test_overrides_name_real_constants():
         (["--datasets", "gsm8k,nope"], "the traces hold"),
         (["--switch-costs", "2"], "expected ENTER,EXIT"),
         (["--switch-costs", "0,1"], "both multiples must be positive"),
+        (["--spells", "0.1,8"], "expected RATE,STEPS,EXTRA_MS"),
+        (["--spells", "2,8,1"], "RATE must be in [0, 1]"),
         (["swap"], "is not a flexspec.bench.acceptance_trace result"),
     ],
 )
@@ -209,3 +212,19 @@ def test_replay_chooses_among_chain_lengths(tmp_path):
         assert p["decoupled/3"] > 1.5 * p["plain"] > 1.5 * p["decoupled"]
         assert p["auto_steps"].get("decoupled/3", 0) > 0.8 * sum(p["auto_steps"].values()), p["auto_steps"]
         assert p["auto_vs_best"] > 0.9
+
+
+def test_spells_slow_every_mode_for_their_steps():
+    """``--spells RATE,STEPS,EXTRA_MS``: a spell adds EXTRA_MS to STEPS consecutive steps, whatever their mode
+    (slow stretches run in multiples of STEPS: a spell may start right after another)."""
+    from bench.policy_replay import StepTimes
+
+    table = {"plain": {1: 1e-3}, "decoupled": {1: 2e-3}}
+    times = StepTimes(table, 0.0, random.Random(0), spells=(0.05, 4, 10.0))
+    modes = ["plain", "decoupled"] * 1000
+    slow = [times.sample(m, 1) - times.mean(m, 1) > 5e-3 for m in modes]
+    assert 0.05 < sum(slow) / len(slow) < 0.4
+    runs = [len(r) for r in "".join("x" if s else " " for s in slow).split()]
+    assert runs and all(r % 4 == 0 for r in runs)
+    calm = StepTimes(table, 0.0, random.Random(0))
+    assert all(calm.sample(m, 1) == calm.mean(m, 1) for m in modes)

@@ -1,0 +1,79 @@
+"""Slow spells (issue 6): a few consecutive steps of every mode run several times slower (host or device
+hiccups; H100, session 42, batch 1: 3-17 plain steps at ~1-3.9 ms instead of 0.47, ~1 per 1,000 steps). The
+policy's step-time median must outlast such a spell instead of entering speculation for STALE_AFTER decisions."""
+
+from __future__ import annotations
+
+from configs import EngineConfig
+from flexspec.engine.scheduler import SchedulerOutput
+from flexspec.spec import policy_tuning
+from flexspec.spec.policy import SpeculationPolicy
+from flexspec.spec.policy_tuning import STALE_AFTER, STAT_WINDOW, WARMUP_SAMPLES
+
+ACCEPTANCE = [0.5, 0.3, 0.1, 0.05]  # E[tokens per step] 1.95: 1.95 / 2.5 s loses to plain's 1 / 1.0 s
+
+
+def _sched(n: int) -> SchedulerOutput:
+    return SchedulerOutput(scheduled=[object()] * n, preempted=[])  # type: ignore[list-item]
+
+
+def _run(pol: SpeculationPolicy, times: dict[str, float], steps: int) -> list[str]:
+    modes = []
+    for _ in range(steps):
+        d = pol.decide(_sched(1))
+        modes.append(d.mode)
+        pol.observe(d.mode, 1, times[d.mode], ACCEPTANCE if d.mode != "plain" else None)
+    return modes
+
+
+def _steady_policy() -> tuple[SpeculationPolicy, dict[str, float]]:
+    pol = SpeculationPolicy(
+        EngineConfig(
+            speculative_config={
+                "method": "dflash",
+                "model": "unused",
+                "num_speculative_tokens": 4,
+                "execution": "auto",
+            }
+        )
+    )
+    times = {"plain": 1.0, "decoupled": 2.5}
+    _run(pol, times, (WARMUP_SAMPLES + 1) * 4 + 100)
+    assert _run(pol, times, 50).count("plain") >= 45  # plain wins between probes
+    return pol, times
+
+
+def _spell_then_steady(pol: SpeculationPolicy, times: dict[str, float], spell_steps: int) -> list[str]:
+    slow = {m: t * 4 for m, t in times.items()}  # a spell slows every mode
+    while pol.decide(_sched(1)).mode != "plain" or pol.probe is not None:  # start from steady plain decoding
+        pol.observe("decoupled", 1, times["decoupled"], ACCEPTANCE)
+    pol.observe("plain", 1, times["plain"], None)
+    return _run(pol, slow, spell_steps) + _run(pol, times, STALE_AFTER + 8)
+
+
+def test_a_short_slow_spell_of_plain_steps_does_not_start_speculation():
+    """A spell of 8 slow steps (fewer than half the median's window) leaves plain decoding's estimate alone:
+    no stretch of speculation (probes aside, at most PROBE_VERIFICATIONS + 1 steps)."""
+    pol, times = _steady_policy()
+    modes = _spell_then_steady(pol, times, 8)
+    assert modes.count("decoupled") <= 3, modes
+
+
+def test_with_the_old_window_the_same_spell_started_a_stale_after_stretch(monkeypatch):
+    """The failure the window's length fixes (session 42): with a median of 15 the same spell moved plain's
+    estimate, and speculation ran until plain's estimate went stale."""
+    monkeypatch.setattr(policy_tuning, "STAT_WINDOW", 15)
+    pol, times = _steady_policy()
+    modes = _spell_then_steady(pol, times, 8)
+    assert modes.count("decoupled") >= STALE_AFTER - 4, modes
+
+
+def test_a_lasting_slowdown_of_plain_decoding_is_followed():
+    """A slowdown longer than half the window moves the estimate: plain at 4 s per step loses to speculation
+    (1.95 / 2.5 s), and the policy switches within the window's length."""
+    pol, times = _steady_policy()
+    times["plain"] = 4.0
+    modes = _run(pol, times, 2 * STAT_WINDOW)
+    first = modes.index("decoupled")
+    assert first <= STAT_WINDOW // 2 + 4, modes
+    assert modes[first:].count("decoupled") >= 0.8 * (len(modes) - first)
