@@ -21,7 +21,7 @@ host work of a speculative engine's plain steps is not modelled, nor step times 
 step (they cost more where the drafter catches up on the context plain steps left).
 A step in which requests join (their prompts prefill; they start with their first token, without drafts)
 costs that mode's mean time of steps that prefill in the same spec_bench run (``step_time.all_steps`` less
-``decode_steps``), and the policy is not shown its time, as in the engine; ``--no-prefill-cost`` prices it as
+``decode_steps``), and the policy times it as that mode's join step, as in the engine; ``--no-prefill-cost`` prices it as
 a decode step instead. Use it to compare policy settings on the same traces; the H200's spec_bench is what
 reports throughput.
 
@@ -273,14 +273,14 @@ class Replay:
             elif prev not in (None, "plain") and chosen == "plain" and prev_prev == "plain":
                 single += 1  # left speculation right after entering it
             if mode is None:
-                timed = None if joined else seconds  # the engine times decode steps only
                 self.policy.observe(
                     chosen,
                     n,
-                    timed,
+                    seconds,
                     metrics.per_position_acceptance,
                     previous=prev,
                     verified_length=verified_length or None,
+                    prefill=joined,  # as the engine: timed apart from decode steps
                 )
             prev_prev, prev = prev, chosen
             running = [s for s in running if s.remaining > 0]
@@ -352,7 +352,8 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
     return p
 
 
-ZERO_MEANS_OFF = frozenset({"PROBE_BUDGET"})  # policy constants whose 0 is documented ("0 = no limit")
+# policy constants whose 0 is documented (PROBE_BUDGET "0 = no limit"; JOIN_EMA 0: join steps are not priced)
+ZERO_MEANS_OFF = frozenset({"PROBE_BUDGET", "JOIN_EMA"})
 
 
 def apply_overrides(pairs: list[str]) -> dict[str, float]:

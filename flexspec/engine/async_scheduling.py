@@ -133,7 +133,7 @@ class AsyncSchedulingMixin:
         request that cannot run at all)."""
         scheduled = [s for s in sched.scheduled if not s.seq.is_finished]
         if scheduled:
-            sched = SchedulerOutput(scheduled, sched.preempted)
+            sched = SchedulerOutput(scheduled, sched.preempted, sched.num_prefills)
             self._inflight = self._start(sched, self.build_model_input(sched, decision))
             return []
         if not self.scheduler.has_unfinished:

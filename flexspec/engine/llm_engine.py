@@ -326,9 +326,9 @@ class LLMEngine(AsyncSchedulingMixin, PromptMixin):
             self.policy.age_requests(unverified)  # type: ignore[union-attr]
         self.spec_metrics.merge(step_metrics)
         if self.policy is not None and all(inp.samples):
-            # Only decode steps time a mode: a step that also prefills a prompt costs what its prompt costs
-            # (eager, 10-20x a decode step on the H200), and recorded as the mode's time it locked that mode
-            # out of batches with request turnover.
+            # A step that also prefills a prompt costs what its prompt costs (eager, 10-20x a decode step on
+            # the H200): timed apart from the mode's decode steps (recorded as the mode's time, it locked that
+            # mode out of batches with request turnover), as its join-step time (policy.mean_step_time).
             scheduled = sched.scheduled  # one token each and no drafts: a pure decode step without a loop
             decode = (len(inp.input_ids) == len(scheduled) and not any(inp.num_draft_tokens)) or all(
                 s.num_new_tokens == 1 + s.num_draft_tokens for s in scheduled
@@ -336,10 +336,11 @@ class LLMEngine(AsyncSchedulingMixin, PromptMixin):
             self.policy.observe(
                 st.option,
                 len(sched.scheduled),
-                period if decode else None,
+                period,
                 step_metrics.per_position_acceptance,
                 previous=st.prev_mode,
                 verified_length=verified_length or None,
+                prefill=not decode,
             )
         early: list[RequestOutput] = []
         if ahead is not None:

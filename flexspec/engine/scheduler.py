@@ -45,13 +45,10 @@ class ScheduledSequence:
 class SchedulerOutput:
     scheduled: list[ScheduledSequence]
     preempted: list[Sequence]
-
-    @property
-    def num_prefills(self) -> int:
-        """Scheduled sequences computing prompt chunks (a prompt joining the batch, a chunked prompt going on, a
-        preempted sequence recomputed) rather than decoding or verifying drafts; read before the step is applied.
-        Counted on demand (the policy's ``ENTER_AT_JOIN``), not on every schedule."""
-        return sum(s.num_new_tokens - s.num_draft_tokens > 1 or not s.samples for s in self.scheduled)
+    # scheduled sequences computing prompt tokens (a prompt joining the batch, a chunked prompt going on, a
+    # preempted sequence recomputed) rather than decoding or verifying drafts; counted while scheduling (the
+    # policy reads it every step)
+    num_prefills: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -91,7 +88,9 @@ class Scheduler:
                 return out
             # nothing could be prefilled after all
             more = self._schedule(defer_decodes=False, preempt=preempt)
-            return None if more is None else SchedulerOutput(more.scheduled, out.preempted + more.preempted)
+            if more is None:
+                return None
+            return SchedulerOutput(more.scheduled, out.preempted + more.preempted, more.num_prefills)
         return self._schedule(defer_decodes=False, preempt=preempt)
 
     def _defers_decodes(self) -> bool:
@@ -131,6 +130,7 @@ class Scheduler:
         max_len = self.config.max_model_len
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
+        prefills = 0
         bm = self.block_manager
 
         block_size = bm.block_size
@@ -168,6 +168,7 @@ class Scheduler:
                     continue
                 bm.allocate(seq, computed + n)
             scheduled.append(ScheduledSequence(seq, n, drafts))
+            prefills += uncomputed > 1
             budget -= n
 
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
@@ -182,8 +183,9 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(ScheduledSequence(seq, n, 0))
+            prefills += 1
             budget -= n
-        return SchedulerOutput(scheduled, preempted)
+        return SchedulerOutput(scheduled, preempted, prefills)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

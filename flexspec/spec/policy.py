@@ -143,6 +143,8 @@ class SpeculationPolicy(MALEstimates):
     forced_full_drafts: bool = False  # warm-up profile: steps keep every draft allowed (verify_all_drafts)
     profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
     num_decisions: int = 0  # auto decisions of every bucket: the clock of step-time staleness
+    # bucket -> moving share of its decisions in which prompts join the batch (see ``mean_step_time``)
+    join_share: dict[int, float] = field(default_factory=dict)
     # decisions run before every step: what they look up is cached (host time of a host-bound b=64 step counts)
     _warmed: bool = False  # every option has WARMUP_SAMPLES step times
     _nearest_cache: dict[tuple[str, int], int | None] = field(default_factory=dict)
@@ -178,6 +180,8 @@ class SpeculationPolicy(MALEstimates):
         count = self.decisions.get(bucket, 0)
         self.decisions[bucket] = count + 1
         self.num_decisions += 1
+        share = self.join_share.get(bucket, 0.0)
+        self.join_share[bucket] = share + tuning.JOIN_EMA * ((sched.num_prefills > 0) - share)
         after_plain = bool(self.last_modes) and self.last_modes[-1] == "plain"
         if not tuning.ENTER_AT_JOIN and after_plain and 0 < sched.num_prefills < num_seqs:
             return self._decision("plain", "join")  # prompts join a decoding batch: see ENTER_AT_JOIN
@@ -307,10 +311,30 @@ class SpeculationPolicy(MALEstimates):
             t *= self.step_times[("plain", bucket)].seconds / self.step_times[("plain", near)].seconds
         return t
 
-    def expected_rate(self, mode: str, bucket: int, spec_tokens: float | None = None) -> float:
-        """Expected emitted tokens per second per sequence for ``mode`` at this batch-size bucket;
-        ``spec_tokens`` = E[tokens per step] when speculating (default: the running statistics)."""
+    def mean_step_time(self, mode: str, bucket: int) -> float | None:
+        """Expected seconds per step of ``mode`` at ``bucket`` with prompts joining the batch as often as they
+        have lately (``join_share``): (1 - p) t_decode + p t_join. ``t_join`` is the mode's measured step time
+        with a joining prompt ("join:MODE", timed when the mode ran the step before too; a long-run median
+        like a switch step's); a mode whose join steps were not timed yet is assumed to pay what plain decoding
+        pays for a prompt on top of its decode step (or nothing, before plain's were timed). Speculative join
+        steps cost far more than plain ones (H100, session 42: 3.3-3.9 ms at b=64 against 1.3 ms, decode steps
+        2.0-2.7 against 1.1), and at large batches a prompt joins in most steps, so decode steps alone made
+        speculation look cheaper than it was (``bench.policy_replay``, MT-Bench b=64: ``auto`` 0.80x plain)."""
         t = self.step_time(mode, bucket)
+        p = self.join_share.get(bucket, 0.0)
+        if t is None or p <= 0.0:
+            return t
+        t_join = self.step_time(f"join:{mode}", bucket)
+        if t_join is None:
+            t_plain, t_plain_join = self.step_time("plain", bucket), self.step_time("join:plain", bucket)
+            t_join = t + (t_plain_join - t_plain) if t_plain and t_plain_join else t
+        return (1.0 - p) * t + p * t_join
+
+    def expected_rate(self, mode: str, bucket: int, spec_tokens: float | None = None) -> float:
+        """Expected emitted tokens per second per sequence for ``mode`` at this batch-size bucket
+        (``mean_step_time``: prompts joining included); ``spec_tokens`` = E[tokens per step] when speculating
+        (default: the running statistics)."""
+        t = self.mean_step_time(mode, bucket)
         if t is None:
             return float("inf")
         tokens = 1.0 if mode == "plain" else spec_tokens or self.expected_tokens_per_step(mode)
@@ -352,9 +376,11 @@ class SpeculationPolicy(MALEstimates):
         per_position_acceptance: list[float] | None,
         previous: str | None = None,
         verified_length: int | None = None,
+        prefill: bool = False,
     ) -> None:
-        """Record one step's wall time and acceptance. ``seconds`` is None for steps that are not pure decode
-        steps (a prompt prefilled in the same step makes it unrepresentative; the engine leaves those out).
+        """Record one step's wall time and acceptance. ``seconds`` is None for a step not to be timed;
+        ``prefill``: prompts joined in this step, whose time is then the mode's join-step time ("join:MODE",
+        see ``mean_step_time``) if the mode also ran the step before (not during the warm-up profile).
 
         The time is recorded as the mode's when this step's decision equals the previous one (``previous``:
         the decision made before this step's; default: the one before the latest decision, which is this step's
@@ -366,7 +392,12 @@ class SpeculationPolicy(MALEstimates):
         drafts; drafting costs the same). ``verified_length``: the most drafts the verified sequences were
         allowed (the option that drafted them); positions past it keep their acceptance statistics."""
         key = None
-        if seconds is not None:
+        if seconds is not None and prefill:
+            if self.previous_mode(mode, previous) == mode and self.forced is None:
+                self.step_times.setdefault((f"join:{mode}", batch_bucket(num_seqs)), StepTimeStat()).add(
+                    seconds, self.num_decisions
+                )
+        elif seconds is not None:
             prev = self.previous_mode(mode, previous)
             if prev == mode:
                 key = (mode, batch_bucket(num_seqs))

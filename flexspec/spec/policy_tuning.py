@@ -25,6 +25,9 @@ EMA = 0.2  # weight of the newest sample in acceptance and per-request MAL movin
 # without spells GSM8K / MT-Bench b = 1, 8, 64 unchanged or up to +0.01.
 STAT_WINDOW = 31
 LONG_WINDOW = 256  # step times per (mode, bucket) whose median a stale estimate falls back to
+# Weight of the newest decision in a bucket's share of steps with joining prompts (policy.join_share); 0: join
+# steps are not priced (the policy before session 43: decode-step times only).
+JOIN_EMA = 1 / 64
 STALE_AFTER = 32  # decisions without a new step time after which a mode's estimate is stale
 MIN_PRIOR_VERIFICATIONS = (
     8  # real verifications before G is trusted; until then speculation is assumed to pay
