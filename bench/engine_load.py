@@ -40,7 +40,8 @@ class StepRecord:
     mode: str = "plain"  # the policy's decision for the step ("plain" | "decoupled" | "parallel")
     reason: str = ""  # why the policy chose it (``Decision.reason``: best, warmup, measure, probe, ...)
     # where the policy ranked its options: {option: expected tokens/s per sequence} (margins and switch costs
-    # applied), its E[tokens per speculative step] and {option: estimated step ms}; None otherwise
+    # applied), its E[tokens per speculative step] and {option: estimated step ms, joining prompts included
+    # (``SpeculationPolicy.mean_step_time``)}; None otherwise
     rates: dict[str, float] | None = None
     spec_tokens: float | None = None
     est_ms: dict[str, float] | None = None
@@ -136,7 +137,7 @@ class StepTimers:
             bucket = batch_bucket(len(inp.query_lens))
             rec.rates = {k: round(v, 1) for k, v in rates.items()}
             rec.spec_tokens = round(policy.last_spec_tokens, 3)
-            rec.est_ms = {k: round((policy.step_time(k, bucket) or 0.0) * 1e3, 4) for k in rates}
+            rec.est_ms = {k: round((policy.mean_step_time(k, bucket) or 0.0) * 1e3, 4) for k in rates}
         rec.launched = rec.ahead = False
 
     def _propose(self, *args: Any, **kwargs: Any) -> Any:
