@@ -139,6 +139,8 @@ class SpeculationPolicy(MALEstimates):
     probe_due: dict[int, tuple[int, int]] = field(default_factory=dict)
     # (mode, bucket, estimated seconds) of the running probe, until its first timed step
     probe_estimate: tuple[str, int, float] | None = None
+    # ("exit:MODE", bucket) and seconds of the latest step leaving speculation, recorded with the next step (below)
+    exit_pending: tuple[tuple[str, int], float] | None = None
     forced: str | None = None  # warm-up profile: every decision is this mode, step times are collected raw
     forced_full_drafts: bool = False  # warm-up profile: steps keep every draft allowed (verify_all_drafts)
     profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
@@ -390,8 +392,25 @@ class SpeculationPolicy(MALEstimates):
         (``PRIOR_HALF_LIFE``; a step entering speculation, drafting without verifying, does not). Between two
         chain lengths ("decoupled/L" options) the step is the previous option's (it verifies that option's
         drafts; drafting costs the same). ``verified_length``: the most drafts the verified sequences were
-        allowed (the option that drafted them); positions past it keep their acceptance statistics."""
+        allowed (the option that drafted them); positions past it keep their acceptance statistics.
+
+        Leaving speculation costs two steps, not one: the plain step after the exit step is not launched ahead
+        of its predecessor's result (H100, session 43, HumanEval / MT-Bench b = 16-64: exit steps ~1.9-2.9 ms,
+        the plain step after them 1.3-2.1 ms, steady plain steps 0.9-1.2 ms). So an exit step's time is
+        recorded with the next step: plus what that step took over plain decoding's estimate if it is a pure
+        plain decode step at the same bucket (which is then not one of plain's samples)."""
         key = None
+        pending, self.exit_pending = self.exit_pending, None
+        if pending is not None:
+            (exit_key, t_exit), bucket = pending, batch_bucket(num_seqs)
+            follows = seconds is not None and not prefill and mode == "plain" and exit_key[1] == bucket
+            follows = follows and self.previous_mode(mode, previous) == "plain"
+            t_plain = self.step_time("plain", bucket) if follows else None
+            extra = max(0.0, seconds - t_plain) if t_plain and seconds is not None else 0.0
+            self.step_times.setdefault(exit_key, StepTimeStat()).add(t_exit + extra, self.num_decisions)
+            if t_plain:
+                self.observe_acceptance(mode, per_position_acceptance, verified_length)
+                return
         if seconds is not None and prefill:
             if self.previous_mode(mode, previous) == mode and self.forced is None:
                 self.step_times.setdefault((f"join:{mode}", batch_bucket(num_seqs)), StepTimeStat()).add(
@@ -410,6 +429,8 @@ class SpeculationPolicy(MALEstimates):
         if key is not None:
             if self.forced is not None:
                 self.profile.setdefault(key, []).append(seconds)
+            elif key[0].startswith("exit:"):
+                self.exit_pending = (key, seconds)
             else:
                 self.step_times.setdefault(key, StepTimeStat()).add(seconds, self.num_decisions)
                 if key[0] == mode:
@@ -454,6 +475,6 @@ class SpeculationPolicy(MALEstimates):
         self.mode_counts.clear()
         self.decisions.clear()
         self.probe_due.clear()
-        self.probe_estimate = None
+        self.probe_estimate = self.exit_pending = None
         self.last_modes = []
         return out

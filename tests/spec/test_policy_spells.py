@@ -77,3 +77,24 @@ def test_a_lasting_slowdown_of_plain_decoding_is_followed():
     first = modes.index("decoupled")
     assert first <= STAT_WINDOW // 2 + 4, modes
     assert modes[first:].count("decoupled") >= 0.8 * (len(modes) - first)
+
+
+def test_the_plain_step_after_an_exit_is_priced_with_the_exit():
+    """Leaving speculation costs the exit step and the plain step after it (not launched ahead): the exit's
+    recorded time is both, less one plain step, and the slow step is none of plain decoding's samples."""
+    pol, _ = _steady_policy()
+    plain_before = pol.step_times[("plain", 1)].n
+    exits = pol.step_times[("exit:decoupled", 1)]
+    n = exits.n
+    pol.observe("decoupled", 1, 2.5, ACCEPTANCE, previous="decoupled")
+    pol.observe("plain", 1, 3.0, None, previous="decoupled")  # the exit step: recorded with the next one
+    assert exits.n == n
+    pol.observe("plain", 1, 2.2, None, previous="plain")  # 1.2 s over plain's 1.0
+    assert exits.n == n + 1 and exits.history[-1] == 3.0 + 1.2
+    assert pol.step_times[("plain", 1)].n == plain_before
+    pol.observe("plain", 1, 1.0, None, previous="plain")  # steady plain again
+    assert pol.step_times[("plain", 1)].n == plain_before + 1
+    # an exit followed by a step where a prompt joins: the exit is recorded alone
+    pol.observe("plain", 1, 3.0, None, previous="decoupled")
+    pol.observe("plain", 1, 9.0, None, previous="plain", prefill=True)
+    assert exits.n == n + 2 and exits.history[-1] == 3.0

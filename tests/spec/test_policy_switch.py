@@ -62,6 +62,7 @@ def test_switch_step_prices_are_bounded():
         del pol.step_times[key]
     pol.observe("decoupled", 4, 50.0, [0.5], previous="plain")  # a one-off: 33 steady steps
     pol.observe("plain", 4, 1.6, None, previous="decoupled")
+    pol.observe("plain", 4, 1.0, None, previous="plain")  # an exit is recorded with the next step (+0 here)
     m = 2.0
     capped = (1 + SWITCH_HORIZON * m) * 1.5 / (m * (SWITCH_MAX * 1.5 + (SWITCH_HORIZON - 1) * 1.5 + 1.6))
     assert pol.round_trip_factor("decoupled", 4, m) == pytest.approx(capped) and capped > 0.8
@@ -75,6 +76,7 @@ def test_switch_step_prices_are_bounded():
     for _ in range(WARMUP_SAMPLES):
         pol.observe("decoupled", 4, 0.5, [0.5], previous="plain")
         pol.observe("plain", 4, 0.5, None, previous="decoupled")
+    pol.observe("plain", 4, 0.5, None, previous="plain")
     assert pol.round_trip_factor("decoupled", 4, m) == entry_factor(m)
     # ... and a probe's switch steps are priced as steady ones (clamp_switch), not as free
     for best, runner_up in (("plain", "decoupled"), ("decoupled", "plain")):
