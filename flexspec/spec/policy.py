@@ -59,6 +59,8 @@ Step times:
   again after ``STALE_AFTER`` decisions, and the first step time of a stale mode starts a new window, so a
   return (or a probe) is judged by what it measures now, not outvoted by the old window's 15 slow steps; a
   mode that still measures slow is left again;
+* a step in which prompts join the batch is timed apart, as its mode's join step, and each option is ranked by its
+  mean step time with joining prompts as frequent as they have lately been (``mean_step_time``);
 
 A step's wall time covers verifying the drafts decided one step earlier plus drafting for the decision made now, so
 only steps whose decision equals the previous one are recorded as the mode's (steady state of one mode); the steps
