@@ -121,7 +121,9 @@ def test_plain_steps_scheduled_ahead_between_speculative_steps_are_exact(plain_1
 def test_policy_times_a_step_against_the_decision_before_it():
     """With async scheduling the next step is decided before the current one is observed, so the policy's
     latest decision is no longer the observed step's: each step carries the decision made before it, and a
-    switch step (whose time mixes two modes) is left out of the modes' step times and timed as a switch step."""
+    switch step (whose time mixes two modes) is left out of the modes' step times and timed as a switch step
+    (an exit step with the next step, see ``SpeculationPolicy.observe``); a step with a joining prompt is its
+    mode's join step."""
     eng = spec_engine(
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}, max_num_seqs=2
     )
@@ -141,8 +143,8 @@ def test_policy_times_a_step_against_the_decision_before_it():
     def recorded(mode, num_seqs, seconds, acceptance, previous=None, **kw):
         before = {k: st.n for k, st in policy.step_times.items()}
         observe(mode, num_seqs, seconds, acceptance, previous=previous, **kw)
-        grew = [k[0] for k, st in policy.step_times.items() if st.n > before.get(k, 0)]
-        seen.append((previous, mode, grew, seconds))
+        grew = sorted(k[0] for k, st in policy.step_times.items() if st.n > before.get(k, 0))
+        seen.append((previous, mode, grew, seconds, kw.get("prefill", False), num_seqs))
 
     policy.decide, policy.observe = decide, recorded
     try:
@@ -152,9 +154,17 @@ def test_policy_times_a_step_against_the_decision_before_it():
     finally:
         del policy.decide, policy.observe
         eng.config.async_scheduling = None
-    decode_steps = [x for x in seen if x[3] is not None]
-    assert len(decode_steps) >= 10
-    assert any(prev == "decoupled" and mode == "plain" for prev, mode, _, _ in decode_steps)  # switch steps
-    for prev, mode, grew, _ in decode_steps:  # a switch step is timed as one (SpeculationPolicy.switch_time)
-        want = mode if prev in (None, mode) else f"enter:{mode}" if prev == "plain" else f"exit:{prev}"
-        assert grew == [want], (prev, mode)
+    assert all(x[3] is not None for x in seen)  # every step is timed
+    assert sum(not x[4] for x in seen) >= 10 and any(x[4] for x in seen)  # decode steps, and steps with prompts
+    assert any(prev == "decoupled" and mode == "plain" and not prefill for prev, mode, _, _, prefill, _ in seen)
+    pending = None  # (the exit step's key, its batch size): recorded with the next step
+    for prev, mode, grew, _, prefill, num_seqs in seen:  # switch steps timed as such (switch_time)
+        steady = prev in (None, mode)
+        want = [] if pending is None else [pending[0]]
+        follows = pending is not None and not prefill and mode == prev == "plain" and num_seqs == pending[1]
+        if prefill:
+            want += [f"join:{mode}"] if steady else []
+        elif not follows:  # a plain step after an exit is priced with it, not as one of plain's
+            want += [mode] if steady else [f"enter:{mode}"] if prev == "plain" else []
+        pending = (f"exit:{prev}", num_seqs) if not prefill and not steady and mode == "plain" else None
+        assert grew == sorted(want), (prev, mode, prefill)
