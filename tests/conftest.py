@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 
 import pytest
@@ -103,6 +104,45 @@ def real_prompts(engine, n_each: int = 7) -> list[list[int]]:
             else:
                 out.append(engine.encode(p["prompt"]))
     return out
+
+
+@pytest.fixture(scope="session")
+def plain_128(engine, tmp_path_factory):
+    """Plain greedy outputs (128 tokens) of the 21 real prompts of ``real_prompts(engine, n_each=7)``, in one
+    continuous batch, computed once per test run (tests/engine checks their first 64 tokens against
+    transformers; tests/spec, speculative decoding against them): pytest-xdist workers share them through a file
+    in the run's own temp folder (under a lock), so only the first computes them (~1 min of one core)."""
+    from filelock import FileLock
+
+    from configs import SamplingParams
+
+    prompts = real_prompts(engine, n_each=7)
+
+    def decode() -> list[list[int]]:
+        return [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=128, temperature=0))]
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the parent of a lone run's temp folder outlives the run
+        return prompts, decode()
+    shared = tmp_path_factory.getbasetemp().parent / "plain_128.json"  # this run's, shared by its workers
+    with FileLock(f"{shared}.lock"):
+        if shared.is_file():
+            saved = json.loads(shared.read_text())
+            assert saved["prompts"] == prompts
+            return prompts, saved["outputs"]
+        ref = decode()
+        shared.write_text(json.dumps({"prompts": prompts, "outputs": ref}))
+    return prompts, ref
+
+
+def plain_outputs(plain_128, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The shared engine's plain greedy outputs of ``prompts`` (each one of ``plain_128``'s 21) for ``max_tokens``
+    <= 128, cut from ``plain_128`` instead of decoded again: greedy tokens depend neither on max_tokens (EOS
+    stops both runs) nor, fp32 on the CPU, on the batch (tests/engine/test_generate_matches_hf.py: a batch of 8
+    equals each prompt alone; tests/spec/test_exact_all_methods.py: speculative engines running 8 of them at a
+    time reproduce ``plain_128``)."""
+    assert max_tokens <= 128
+    by_prompt = dict(zip(map(tuple, plain_128[0]), plain_128[1]))
+    return [by_prompt[tuple(p)][:max_tokens] for p in prompts]
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from flexspec.engine.cuda_graphs import MixedGraphs, stage_mixed_inputs
 from flexspec.engine.graph_inputs import StagedInputs
 from flexspec.engine.llm_engine import LLMEngine
 from flexspec.engine.model_runner import MIXED_GRAPH_MAX_ERROR
-from tests.conftest import DEFAULT_MODEL, real_prompts
+from tests.conftest import DEFAULT_MODEL, plain_outputs, real_prompts
 from tests.engine.test_graph_inputs import MAX_BLOCKS, make_input
 from tests.spec.conftest import spec_engine
 
@@ -119,11 +119,11 @@ def _through_mixed_layout(eng: LLMEngine) -> dict[int | str, int]:
 
 
 @pytest.fixture(scope="module")
-def turnover_case(engine):
-    """9 real prompts, 24 greedy tokens each, and the plain engine's outputs for them."""
+def turnover_case(engine, plain_128):
+    """9 real prompts, 24 greedy tokens each, and the plain engine's outputs for them (cut from ``plain_128``)."""
     prompts = real_prompts(engine, n_each=3)
     params = SamplingParams(max_tokens=24, temperature=0)
-    return prompts, params, [o.token_ids for o in engine.generate(prompts, params)]
+    return prompts, params, plain_outputs(plain_128, prompts, 24)
 
 
 def test_plain_engine_prefill_steps_through_mixed_layout(turnover_case):

@@ -11,7 +11,7 @@ from configs import EngineConfig, SamplingParams
 from flexspec.engine.llm_engine import LLMEngine
 from flexspec.layers import fused
 from flexspec.models.llama import LlamaAttention, LlamaDecoderLayer
-from tests.conftest import DEFAULT_MODEL, real_prompts
+from tests.conftest import DEFAULT_MODEL, plain_outputs, real_prompts
 from tests.spec.conftest import spec_engine
 
 
@@ -31,10 +31,10 @@ def skinny_calls(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def case(engine):
+def case(engine, plain_128):
     prompts = real_prompts(engine, n_each=2)
     params = SamplingParams(max_tokens=20, temperature=0)
-    return prompts, params, [o.token_ids for o in engine.generate(prompts, params)]
+    return prompts, params, plain_outputs(plain_128, prompts, 20)
 
 
 def test_plain_decode_through_skinny_path_is_exact(engine, case, skinny_calls, monkeypatch):

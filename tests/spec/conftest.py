@@ -1,12 +1,9 @@
-"""Helpers for speculative-decoding tests: a plain reference engine and spec engines per config."""
+"""Helpers for speculative-decoding tests: spec engines per config (the plain reference outputs, ``plain_128``,
+are in tests/conftest.py: tests/engine uses them too)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-
-import pytest
 
 from configs import EngineConfig
 from flexspec.engine.llm_engine import LLMEngine
@@ -25,34 +22,6 @@ def spec_engine(speculative_config: dict, **overrides) -> LLMEngine:
     args = {"max_model_len": 1024, "device": "cpu", "speculative_config": speculative_config}
     args.update(overrides)
     return LLMEngine(EngineConfig(**args))
-
-
-@pytest.fixture(scope="session")
-def plain_128(engine, tmp_path_factory):
-    """Plain greedy outputs (128 tokens) of 21 real prompts, computed once per test run: pytest-xdist workers
-    share them through a file in the run's own temp folder (under a lock), so only the first computes them
-    (~1 min of one core)."""
-    from filelock import FileLock
-
-    from configs import SamplingParams
-    from tests.conftest import real_prompts
-
-    prompts = real_prompts(engine, n_each=7)
-
-    def decode() -> list[list[int]]:
-        return [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=128, temperature=0))]
-
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the parent of a lone run's temp folder outlives the run
-        return prompts, decode()
-    shared = tmp_path_factory.getbasetemp().parent / "plain_128.json"  # this run's, shared by its workers
-    with FileLock(f"{shared}.lock"):
-        if shared.is_file():
-            saved = json.loads(shared.read_text())
-            assert saved["prompts"] == prompts
-            return prompts, saved["outputs"]
-        ref = decode()
-        shared.write_text(json.dumps({"prompts": prompts, "outputs": ref}))
-    return prompts, ref
 
 
 def histories_after(worker, inp, out) -> dict[int, list[int]]:

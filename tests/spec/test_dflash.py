@@ -7,7 +7,6 @@ and MTP tests.
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from flexspec.spec.models.dflash_model import (
     default_target_layer_ids,
     train_attention_mask,
 )
-from tests.conftest import real_prompts
+from tests.conftest import plain_outputs, real_prompts
 from tests.spec.conftest import histories_after, on_worker_outputs, spec_engine
 
 MAX_TOKENS = 32
@@ -35,11 +34,10 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
 
 
 # ---- shared helpers ----------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=4)
-def reference(engine) -> tuple[list[list[int]], list[list[int]]]:
+def reference(engine, plain_128) -> tuple[list[list[int]], list[list[int]]]:
     """Four real prompts of mixed lengths (GSM8K, HumanEval x2, MT-Bench) and their plain greedy outputs."""
     prompts = [real_prompts(engine, n_each=2)[i] for i in (0, 2, 3, 4)]
-    return prompts, [o.token_ids for o in engine.generate(prompts, GREEDY)]
+    return prompts, plain_outputs(plain_128, prompts, MAX_TOKENS)
 
 
 def assert_exact_with_oracle(eng, prompts: list[list[int]], ref: list[list[int]]) -> None:
@@ -287,9 +285,9 @@ def dflash_engine(dflash_dir):
 
 @pytest.mark.parametrize("device_verification", [True, False], ids=["device-side", "general"])
 def test_loaded_checkpoint_is_exact_with_accepted_runs_in_a_mixed_batch(
-    engine, dflash_engine, device_verification
+    engine, plain_128, dflash_engine, device_verification
 ):
-    prompts, ref = reference(engine)
+    prompts, ref = reference(engine, plain_128)
     worker = dflash_engine.executor.runner.spec_worker
     drafter = worker.drafter
     assert drafter.num_speculative_tokens == 3  # block_size - 1 caps the config's default 15
@@ -307,7 +305,7 @@ def test_loaded_checkpoint_is_exact_with_accepted_runs_in_a_mixed_batch(
 
 
 def test_sampling_with_deterministic_drafts_is_reproducible(engine, dflash_engine):
-    prompts = reference(engine)[0][-1:]  # the shortest prompt
+    prompts = [real_prompts(engine, n_each=2)[4]]  # the shortest prompt
     params = SamplingParams(max_tokens=8, temperature=0.8, seed=3)
     a = [o.token_ids for o in dflash_engine.generate(prompts, params)]
     b = [o.token_ids for o in dflash_engine.generate(prompts, params)]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from configs import SamplingParams
-from tests.conftest import DEFAULT_MODEL, real_prompts
+from tests.conftest import DEFAULT_MODEL, plain_outputs, real_prompts
 from tests.spec.conftest import spec_engine
 
 
-def test_self_drafting_accepts_almost_everything_and_is_exact(engine):
+def test_self_drafting_accepts_almost_everything_and_is_exact(engine, plain_128):
     prompts = real_prompts(engine, n_each=2)[:6]
-    ref = [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=64, temperature=0))]
+    ref = plain_outputs(plain_128, prompts, 64)
     eng = spec_engine({"method": "draft_model", "model": DEFAULT_MODEL, "num_speculative_tokens": 4})
     outs = eng.generate(prompts, SamplingParams(max_tokens=64, temperature=0))
     assert [o.token_ids for o in outs] == ref

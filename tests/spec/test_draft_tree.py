@@ -26,7 +26,7 @@ from configs import EngineConfig, SamplingParams
 from flexspec.spec.tree import (
     is_chain,
 )
-from tests.conftest import real_prompts
+from tests.conftest import plain_outputs, real_prompts
 from tests.spec.conftest import on_worker_outputs, spec_engine
 
 DRAFTER = "smollm2-135m-instruct-dflash"
@@ -91,8 +91,8 @@ def prompts(engine) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def ref(engine, prompts) -> list[list[int]]:
-    return [o.token_ids for o in engine.generate(prompts, GREEDY)]
+def ref(plain_128, prompts) -> list[list[int]]:
+    return plain_outputs(plain_128, prompts, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")

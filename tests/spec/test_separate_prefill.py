@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from configs import SamplingParams
-from tests.conftest import real_prompts
+from tests.conftest import plain_outputs, real_prompts
 from tests.spec.conftest import spec_engine
 
 
@@ -34,10 +34,10 @@ def _run(prompts, params, separate: bool):
 
 
 @pytest.fixture(scope="module")
-def case(engine):
+def case(engine, plain_128):
     prompts = real_prompts(engine, n_each=2)  # 6 prompts through 2 slots: prompts keep arriving
     params = SamplingParams(max_tokens=10, temperature=0)
-    return prompts, params, [o.token_ids for o in engine.generate(prompts, params)]
+    return prompts, params, plain_outputs(plain_128, prompts, 10)
 
 
 def test_separate_prefill_steps_never_mix_prompts_with_verification(case):

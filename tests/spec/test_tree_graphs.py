@@ -13,7 +13,7 @@ import torch
 from configs import SamplingParams
 from flexspec.engine.cuda_graphs import DecodeGraphs
 from flexspec.spec.tree import tree_mask, tree_mask_bits
-from tests.conftest import real_prompts
+from tests.conftest import plain_outputs, real_prompts
 from tests.spec.conftest import spec_engine
 
 TREE = {
@@ -59,10 +59,10 @@ def tree_graph_eng():
 
 
 @pytest.mark.parametrize("n", [1, 3])
-def test_tree_graph_layout_is_exact(engine, tree_graph_eng, n):
+def test_tree_graph_layout_is_exact(engine, plain_128, tree_graph_eng, n):
     prompts = real_prompts(engine, n_each=1)[:n]
     params = SamplingParams(max_tokens=40, temperature=0)
-    ref = [o.token_ids for o in engine.generate(prompts, params)]
+    ref = plain_outputs(plain_128, prompts, 40)
     tree = tree_graph_eng.executor.runner.graphs[-1]
     assert tree.tree
     replays = []
