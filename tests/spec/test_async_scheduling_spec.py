@@ -155,8 +155,12 @@ def test_policy_times_a_step_against_the_decision_before_it():
         del policy.decide, policy.observe
         eng.config.async_scheduling = None
     assert all(x[3] is not None for x in seen)  # every step is timed
-    assert sum(not x[4] for x in seen) >= 10 and any(x[4] for x in seen)  # decode steps, and steps with prompts
-    assert any(prev == "decoupled" and mode == "plain" and not prefill for prev, mode, _, _, prefill, _ in seen)
+    assert sum(not x[4] for x in seen) >= 10 and any(
+        x[4] for x in seen
+    )  # decode steps, and steps with prompts
+    assert any(
+        prev == "decoupled" and mode == "plain" and not prefill for prev, mode, _, _, prefill, _ in seen
+    )
     pending = None  # (the exit step's key, its batch size): recorded with the next step
     for prev, mode, grew, _, prefill, num_seqs in seen:  # switch steps timed as such (switch_time)
         steady = prev in (None, mode)
