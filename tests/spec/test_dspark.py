@@ -113,8 +113,8 @@ def test_drafter_markov_and_confidence_shape_the_proposal(engine, dspark_dir):
     assert drafts(4) == biased
 
 
-def test_exact_with_accepted_runs_in_a_mixed_batch(engine, dspark_dir):
-    prompts, ref = reference(engine)
+def test_exact_with_accepted_runs_in_a_mixed_batch(engine, dspark_dir, plain_128):
+    prompts, ref = reference(engine, plain_128)
     eng = spec_engine(
         {"method": "dspark", "model": str(dspark_dir), "confidence_threshold": 0.5, **DECOUPLED},
         max_model_len=512,

@@ -139,8 +139,8 @@ def test_incremental_drafting_matches_from_scratch(engine, eagle_dir):
     check_chain_incremental(drafter, runner.spec.vocab_size, runner.spec.hidden_size)
 
 
-def test_exact_with_accepted_runs_in_a_mixed_batch(engine, eagle_dir):
-    prompts, ref = reference(engine)
+def test_exact_with_accepted_runs_in_a_mixed_batch(engine, eagle_dir, plain_128):
+    prompts, ref = reference(engine, plain_128)
     eng = spec_engine(
         {"method": "eagle3", "model": str(eagle_dir), "num_speculative_tokens": 3, **DECOUPLED},
         max_model_len=512,

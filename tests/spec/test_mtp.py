@@ -122,11 +122,11 @@ def test_bad_mtp_weights_name_the_tensor(engine, tiny_target, tmp_path, layout, 
 
 
 @pytest.mark.parametrize("layout", ["deepseek", "qwen"])
-def test_mtp_layouts_draft_incrementally_and_exactly(engine, tiny_target, tmp_path, layout):
+def test_mtp_layouts_draft_incrementally_and_exactly(engine, tiny_target, tmp_path, layout, plain_128):
     folder = with_mtp(tiny_target, tmp_path / "t", layout)
     assert find_mtp_layout(folder, LAYERS).kind == layout
     plain = LLMEngine(EngineConfig(model=str(folder), max_model_len=512, device="cpu"))  # MTP tensors skipped
-    prompts = reference(engine)[0]
+    prompts = reference(engine, plain_128)[0]
     ref = [o.token_ids for o in plain.generate(prompts, SamplingParams(max_tokens=32, temperature=0))]
 
     drafter = MTPDrafter(MTPConfig(num_speculative_tokens=3), plain.executor.runner)
