@@ -408,7 +408,7 @@ class SpeculationPolicy(MALEstimates):
             follows = seconds is not None and not prefill and mode == "plain" and exit_key[1] == bucket
             follows = follows and self.previous_mode(mode, previous) == "plain"
             t_plain = self.step_time("plain", bucket) if follows else None
-            extra = max(0.0, seconds - t_plain) if t_plain and seconds is not None else 0.0
+            extra = max(0.0, seconds - t_plain) if t_plain else 0.0  # t_plain: only with a timed step
             self.step_times.setdefault(exit_key, StepTimeStat()).add(t_exit + extra, self.num_decisions)
             if t_plain:
                 self.observe_acceptance(mode, per_position_acceptance, verified_length)
