@@ -431,7 +431,7 @@ class SpeculationPolicy(MALEstimates):
         if key is not None:
             if self.forced is not None:
                 self.profile.setdefault(key, []).append(seconds)
-            elif key[0].startswith("exit:"):
+            elif key[0].startswith("exit:") and tuning.PRICE_EXIT_FOLLOWER:
                 self.exit_pending = (key, seconds)
             else:
                 self.step_times.setdefault(key, StepTimeStat()).add(seconds, self.num_decisions)

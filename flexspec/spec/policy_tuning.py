@@ -28,6 +28,10 @@ LONG_WINDOW = 256  # step times per (mode, bucket) whose median a stale estimate
 # Weight of the newest decision in a bucket's share of steps with joining prompts (policy.join_share); 0: join
 # steps are not priced (the policy before session 43: decode-step times only).
 JOIN_EMA = 1 / 64
+# Whether a step leaving speculation is priced together with the plain step after it (not launched ahead of the
+# exit step's result: H100, session 43, 1.3-2.1 ms at b = 16-64 against 0.9-1.2 steady; SpeculationPolicy.observe).
+# False: the exit step alone (the policy before session 43's last change), for replays and device A/Bs.
+PRICE_EXIT_FOLLOWER = True
 STALE_AFTER = 32  # decisions without a new step time after which a mode's estimate is stale
 MIN_PRIOR_VERIFICATIONS = (
     8  # real verifications before G is trusted; until then speculation is assumed to pay

@@ -98,3 +98,18 @@ def test_the_plain_step_after_an_exit_is_priced_with_the_exit():
     pol.observe("plain", 1, 3.0, None, previous="decoupled")
     pol.observe("plain", 1, 9.0, None, previous="plain", prefill=True)
     assert exits.n == n + 2 and exits.history[-1] == 3.0
+
+
+def test_exit_pricing_off_records_the_exit_step_alone(monkeypatch):
+    """``PRICE_EXIT_FOLLOWER`` False (the policy before session 43's exit pricing, for A/Bs): the exit step is
+    recorded at once, and the plain step after it is one of plain decoding's samples."""
+    pol, _ = _steady_policy()
+    monkeypatch.setattr(policy_tuning, "PRICE_EXIT_FOLLOWER", False)
+    plain_before = pol.step_times[("plain", 1)].n
+    exits = pol.step_times[("exit:decoupled", 1)]
+    n = exits.n
+    pol.observe("decoupled", 1, 2.5, ACCEPTANCE, previous="decoupled")
+    pol.observe("plain", 1, 3.0, None, previous="decoupled")
+    assert exits.n == n + 1 and exits.history[-1] == 3.0
+    pol.observe("plain", 1, 2.2, None, previous="plain")
+    assert pol.step_times[("plain", 1)].n == plain_before + 1 and exits.n == n + 1
