@@ -398,9 +398,10 @@ class SpeculationPolicy(MALEstimates):
 
         Leaving speculation costs two steps, not one: the plain step after the exit step is not launched ahead
         of its predecessor's result (H100, session 43, HumanEval / MT-Bench b = 16-64: exit steps ~1.9-2.9 ms,
-        the plain step after them 1.3-2.1 ms, steady plain steps 0.9-1.2 ms). So an exit step's time is
-        recorded with the next step: plus what that step took over plain decoding's estimate if it is a pure
-        plain decode step at the same bucket (which is then not one of plain's samples)."""
+        the plain step after them 1.3-2.1 ms, steady plain steps 0.9-1.2 ms). With
+        ``PRICE_EXIT_FOLLOWER`` (off by default: see policy_tuning) an exit step's time is recorded with the next
+        step: plus what that step took over plain decoding's estimate if it is a pure plain decode step at the
+        same bucket (which is then not one of plain's samples)."""
         key = None
         pending, self.exit_pending = self.exit_pending, None
         if pending is not None:

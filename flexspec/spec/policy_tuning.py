@@ -30,8 +30,11 @@ LONG_WINDOW = 256  # step times per (mode, bucket) whose median a stale estimate
 JOIN_EMA = 1 / 64
 # Whether a step leaving speculation is priced together with the plain step after it (not launched ahead of the
 # exit step's result: H100, session 43, 1.3-2.1 ms at b = 16-64 against 0.9-1.2 steady; SpeculationPolicy.observe).
-# False: the exit step alone (the policy before session 43's last change), for replays and device A/Bs.
-PRICE_EXIT_FOLLOWER = True
+# Off: session 44's H100 A/B (one spec_bench process per setting, b = 16 / 32 / 64, 3 rounds, paired medians over
+# plain) had auto at 0.97 / 0.89 / 0.92 (GSM8K) and 0.95 / 0.93 / 0.72 (HumanEval) with it, 1.05 / 1.16 / 0.99 and
+# 0.84 / 0.92 / 0.85 without (behind at 4 of 6 points, mean 0.90 vs 0.97; not significant with one process per
+# setting, but the only device evidence; bench.policy_replay, which does not model that step, was neutral).
+PRICE_EXIT_FOLLOWER = False
 STALE_AFTER = 32  # decisions without a new step time after which a mode's estimate is stale
 MIN_PRIOR_VERIFICATIONS = (
     8  # real verifications before G is trusted; until then speculation is assumed to pay

@@ -79,10 +79,12 @@ def test_a_lasting_slowdown_of_plain_decoding_is_followed():
     assert modes[first:].count("decoupled") >= 0.8 * (len(modes) - first)
 
 
-def test_the_plain_step_after_an_exit_is_priced_with_the_exit():
-    """Leaving speculation costs the exit step and the plain step after it (not launched ahead): the exit's
-    recorded time is both, less one plain step, and the slow step is none of plain decoding's samples."""
+def test_the_plain_step_after_an_exit_is_priced_with_the_exit(monkeypatch):
+    """``PRICE_EXIT_FOLLOWER`` on: leaving speculation costs the exit step and the plain step after it (not
+    launched ahead): the exit's recorded time is both, less one plain step, and the slow step is none of plain
+    decoding's samples."""
     pol, _ = _steady_policy()
+    monkeypatch.setattr(policy_tuning, "PRICE_EXIT_FOLLOWER", True)
     plain_before = pol.step_times[("plain", 1)].n
     exits = pol.step_times[("exit:decoupled", 1)]
     n = exits.n
@@ -100,11 +102,11 @@ def test_the_plain_step_after_an_exit_is_priced_with_the_exit():
     assert exits.n == n + 2 and exits.history[-1] == 3.0
 
 
-def test_exit_pricing_off_records_the_exit_step_alone(monkeypatch):
-    """``PRICE_EXIT_FOLLOWER`` False (the policy before session 43's exit pricing, for A/Bs): the exit step is
-    recorded at once, and the plain step after it is one of plain decoding's samples."""
+def test_exit_pricing_off_records_the_exit_step_alone():
+    """``PRICE_EXIT_FOLLOWER`` off (the default since session 44's A/B): the exit step is recorded at once, and
+    the plain step after it is one of plain decoding's samples."""
+    assert not policy_tuning.PRICE_EXIT_FOLLOWER
     pol, _ = _steady_policy()
-    monkeypatch.setattr(policy_tuning, "PRICE_EXIT_FOLLOWER", False)
     plain_before = pol.step_times[("plain", 1)].n
     exits = pol.step_times[("exit:decoupled", 1)]
     n = exits.n
