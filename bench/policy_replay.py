@@ -18,7 +18,8 @@ speculative step if any request verifies or is drafted for, else a plain step (t
 host work of a speculative engine's plain steps is not modelled, nor step times that drift during a run, but
 ``--spells`` adds slow spells: a few consecutive steps of every mode cost some milliseconds more);
 ``--switch-costs`` prices the step entering speculation and the one leaving it as multiples of a speculative
-step (they cost more where the drafter catches up on the context plain steps left).
+step (they cost more where the drafter catches up on the context plain steps left), ``--after-exit-cost`` the
+plain step after the one leaving it (not launched ahead) as a multiple of a plain step.
 A step in which requests join (their prompts prefill; they start with their first token, without drafts)
 costs that mode's mean time of steps that prefill in the same spec_bench run (``step_time.all_steps`` less
 ``decode_steps``), and the policy times it as that mode's join step, as in the engine; ``--no-prefill-cost`` prices it as
@@ -183,13 +184,19 @@ class Replay:
     """One policy over a series of closed-loop points (see the module doc)."""
 
     def __init__(
-        self, spec_config: dict, times: StepTimes, k: int, switch_costs: tuple[float, float] = (1.0, 1.0)
+        self,
+        spec_config: dict,
+        times: StepTimes,
+        k: int,
+        switch_costs: tuple[float, float] = (1.0, 1.0),
+        after_exit_cost: float = 1.0,
     ) -> None:
         from configs import EngineConfig
         from flexspec.spec.policy import SpeculationPolicy
 
         self.k, self.times = k, times
         self.enter_cost, self.exit_cost = switch_costs
+        self.after_exit_cost = after_exit_cost  # the plain step after an exit step, times a plain step
         self.policy = SpeculationPolicy(
             EngineConfig(speculative_config={**spec_config, "num_speculative_tokens": k})
         )
@@ -253,6 +260,8 @@ class Replay:
                 seconds *= self.enter_cost
             elif chosen == "plain" and cost_mode != "plain":
                 seconds *= self.exit_cost
+            elif chosen == "plain" and prev == "plain" and prev_prev not in (None, "plain"):
+                seconds *= self.after_exit_cost  # not launched ahead of the exit step's result
             clock += seconds
             verified_length = 0
             for s, verifies in zip(running, verifying):
@@ -334,6 +343,14 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
         "bench.step_log_report, b=16-64: ~0.9-1.3 and ~1.0-1.2; earlier runs, b=1-4: ~0.5-1.3 and ~1.8-2.6)",
     )
     p.add_argument(
+        "--after-exit-cost",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="the plain step right after the step leaving speculation costs F plain steps: it is not launched "
+        "ahead (H100, session 43's logs, b = 16-32: 1.8-2.2 ms against 0.9-1.1 steady; e.g. 1.6)",
+    )
+    p.add_argument(
         "--spells",
         default="0,0,0",
         metavar="RATE,STEPS,EXTRA_MS",
@@ -387,7 +404,11 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         if missing or not order:
             raise ValueError(f"--datasets {args.datasets!r}: the traces hold {sorted(traces)}")
         traces = {d: traces[d] for d in order}
-    rep = Replay(spec, times, k, parse_switch_costs(args.switch_costs))
+    if not args.after_exit_cost >= 1.0:
+        raise ValueError(
+            f"--after-exit-cost {args.after_exit_cost}: must be >= 1 (a multiple of a plain step)"
+        )
+    rep = Replay(spec, times, k, parse_switch_costs(args.switch_costs), args.after_exit_cost)
     first = next(iter(traces.values()))
     max_bs = max(args.batch_sizes)
     if args.profile_trace:

@@ -143,6 +143,7 @@ class SpeculationPolicy(MALEstimates):
     probe_estimate: tuple[str, int, float] | None = None
     # ("exit:MODE", bucket) and seconds of the latest step leaving speculation, recorded with the next step (below)
     exit_pending: tuple[tuple[str, int], float] | None = None
+    after_exit: bool = False  # the latest observed step left speculation: the next one is no plain sample
     forced: str | None = None  # warm-up profile: every decision is this mode, step times are collected raw
     forced_full_drafts: bool = False  # warm-up profile: steps keep every draft allowed (verify_all_drafts)
     profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
@@ -239,7 +240,9 @@ class SpeculationPolicy(MALEstimates):
         the runner-up only left a third option's estimate as the warm-up profile set it (replay over session
         36's H100 times: GSM8K b=64 ran full-length chains, 0.90 of the chains of 3 drafts it never re-measured)."""
         floor = tuning.PROBE_WITHIN * rates[ranked[0]]
-        plausible = [m for m in ranked[1:] if rates[m] >= floor]
+        plausible = [
+            m for m in ranked[1:] if rates[m] >= floor or (m == "plain" and tuning.ALWAYS_PROBE_PLAIN)
+        ]
         if not plausible:
             return None
 
@@ -401,8 +404,10 @@ class SpeculationPolicy(MALEstimates):
         the plain step after them 1.3-2.1 ms, steady plain steps 0.9-1.2 ms). With
         ``PRICE_EXIT_FOLLOWER`` (off by default: see policy_tuning) an exit step's time is recorded with the next
         step: plus what that step took over plain decoding's estimate if it is a pure plain decode step at the
-        same bucket (which is then not one of plain's samples)."""
+        same bucket; either way the plain step after an exit is none of plain decoding's samples (nor a plain join
+        step's): plain's estimate is of steady, launched-ahead steps (``PROBE_STEPS``)."""
         key = None
+        after_exit, self.after_exit = self.after_exit, False
         pending, self.exit_pending = self.exit_pending, None
         if pending is not None:
             (exit_key, t_exit), bucket = pending, batch_bucket(num_seqs)
@@ -414,7 +419,9 @@ class SpeculationPolicy(MALEstimates):
             if t_plain:
                 self.observe_acceptance(mode, per_position_acceptance, verified_length)
                 return
-        if seconds is not None and prefill:
+        if after_exit and mode == "plain" and self.forced is None:
+            pass  # the plain step after an exit (not launched ahead): no steady plain sample, nor a join step's
+        elif seconds is not None and prefill:
             if self.previous_mode(mode, previous) == mode and self.forced is None:
                 self.step_times.setdefault((f"join:{mode}", batch_bucket(num_seqs)), StepTimeStat()).add(
                     seconds, self.num_decisions
@@ -438,6 +445,10 @@ class SpeculationPolicy(MALEstimates):
                 self.step_times.setdefault(key, StepTimeStat()).add(seconds, self.num_decisions)
                 if key[0] == mode:
                     self._check_probe(key, seconds)
+        # this step left speculation (timed or not): the next one is not launched ahead of it
+        self.after_exit = (
+            self.forced is None and mode == "plain" and self.previous_mode(mode, previous) != "plain"
+        )
         self.observe_acceptance(mode, per_position_acceptance, verified_length)
 
     def _check_probe(self, key: tuple[str, int], seconds: float) -> None:
@@ -479,5 +490,6 @@ class SpeculationPolicy(MALEstimates):
         self.decisions.clear()
         self.probe_due.clear()
         self.probe_estimate = self.exit_pending = None
+        self.after_exit = False
         self.last_modes = []
         return out

@@ -11,7 +11,16 @@ PROBE_NEAR_TIE = (
 )
 PROBE_SURPRISE = 0.2  # a probe's time this far from the estimate restarts the bucket's probe back-off
 SWITCH_HORIZON = 16  # speculative steps over which entering speculation (one draftless step) must pay
-PROBE_STEPS = 2  # consecutive steps of a re-measurement of plain (the first, a switch step, is timed as one)
+# Consecutive steps of a re-measurement of plain: the first leaves speculation (timed as a switch step), the second
+# is not launched ahead of it and is no plain sample (SpeculationPolicy.observe), the third is a steady plain step.
+# With 2 (before session 44) plain was re-measured only by steps after an exit: H100, session 44, HumanEval b=64, a
+# warm-up profile that timed plain at 2.40 ms (other processes: 1.14) was never corrected (probes' plain steps
+# 2.2-2.75 ms against the plain engine's 1.27), and auto speculated in ~3/4 of its b=64 steps at 0.90x of plain.
+PROBE_STEPS = 3
+# Whether plain decoding is re-measured by probes however far below the best its estimate is (other options only
+# within PROBE_WITHIN; the probe budget and the doubling intervals bound what such probes cost). A plain estimate
+# measured 2x too slow (session 44's warm-up profile above) otherwise locked plain out of its bucket for good.
+ALWAYS_PROBE_PLAIN = True
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
 PROBE_BUDGET = 0.01  # expected throughput a bucket's probes may cost (share of the best mode's); 0 = no limit

@@ -136,6 +136,26 @@ def test_switch_steps_cost_what_switch_costs_say(tmp_path):
         assert d["auto_entries"] <= c["auto_entries"] and d["auto_vs_plain"] > 0.99
 
 
+def test_the_plain_step_after_an_exit_costs_the_after_exit_cost():
+    """``--after-exit-cost F``: the plain step right after the step leaving speculation (not launched ahead)
+    costs F plain steps; plain steps after it, and always-plain decoding, cost one."""
+    from bench.policy_replay import Replay, StepTimes
+    from flexspec.spec.policy import Decision
+
+    table = {"plain": {1: 1e-3}, "decoupled": {1: 2e-3}}
+    seconds = {}
+    for f in (1.0, 3.0):
+        rep = Replay(
+            {"method": "dflash", "model": "unused"}, StepTimes(table, 0.0, random.Random(0)), 4, (1, 1), f
+        )
+        cycle = iter(["plain", "decoupled", "plain", "plain"] * 100)  # enter, exit, the step after, ...
+        rep.policy.decide = lambda sched, cycle=cycle: Decision(next(cycle), 0)
+        seconds[f] = rep.run([[None] + [0] * 63], 64, 1, None)["seconds"]
+        assert rep.run([[None] + [0] * 63], 64, 1, "plain")["seconds"] == pytest.approx(63e-3)
+    # 63 steps: 15 full cycles and 3 steps, 15 steps after an exit (each 2 ms more)
+    assert seconds[3.0] - seconds[1.0] == pytest.approx(15 * 2e-3)
+
+
 def test_overrides_name_real_constants():
     from flexspec.spec import policy_tuning as policy
 
@@ -177,6 +197,7 @@ def test_overrides_name_real_constants():
         (["--switch-costs", "0,1"], "both multiples must be positive"),
         (["--spells", "0.1,8"], "expected RATE,STEPS,EXTRA_MS"),
         (["--spells", "2,8,1"], "RATE must be in [0, 1]"),
+        (["--after-exit-cost", "0.5"], "--after-exit-cost 0.5: must be >= 1"),
         (["swap"], "is not a flexspec.bench.acceptance_trace result"),
     ],
 )

@@ -122,8 +122,8 @@ def test_policy_times_a_step_against_the_decision_before_it():
     """With async scheduling the next step is decided before the current one is observed, so the policy's
     latest decision is no longer the observed step's: each step carries the decision made before it, and a
     switch step (whose time mixes two modes) is left out of the modes' step times and timed as a switch step
-    (an exit step with the next step, see ``SpeculationPolicy.observe``); a step with a joining prompt is its
-    mode's join step."""
+    (the plain step after an exit step is none of plain's samples, see ``SpeculationPolicy.observe``); a step
+    with a joining prompt is its mode's join step."""
     eng = spec_engine(
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}, max_num_seqs=2
     )
@@ -161,14 +161,16 @@ def test_policy_times_a_step_against_the_decision_before_it():
     assert any(
         prev == "decoupled" and mode == "plain" and not prefill for prev, mode, _, _, prefill, _ in seen
     )
-    pending = None  # (the exit step's key, its batch size): recorded with the next step
+    after_exit = (
+        False  # the step before left speculation: this one is not launched ahead, and no plain sample
+    )
     for prev, mode, grew, _, prefill, num_seqs in seen:  # switch steps timed as such (switch_time)
         steady = prev in (None, mode)
-        want = [] if pending is None else [pending[0]]
-        follows = pending is not None and not prefill and mode == prev == "plain" and num_seqs == pending[1]
-        if prefill:
-            want += [f"join:{mode}"] if steady else []
-        elif not follows:  # a plain step after an exit is priced with it, not as one of plain's
-            want += [mode] if steady else [f"enter:{mode}"] if prev == "plain" else []
-        pending = (f"exit:{prev}", num_seqs) if not prefill and not steady and mode == "plain" else None
+        if after_exit and mode == "plain":
+            want = []
+        elif prefill:
+            want = [f"join:{mode}"] if steady else []
+        else:
+            want = [mode] if steady else [f"enter:{mode}"] if prev == "plain" else [f"exit:{prev}"]
+        after_exit = mode == "plain" and not steady
         assert grew == sorted(want), (prev, mode, prefill)

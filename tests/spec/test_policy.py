@@ -61,13 +61,28 @@ def test_large_batch_where_speculation_does_not_pay_falls_back_to_plain():
     assert d.mode == "plain" and d.num_speculative_tokens == 0
 
 
-def test_buckets_are_independent_and_runner_up_is_remeasured():
-    pol = _policy()
-    _train(pol, 1, {"plain": 1.0, "decoupled": 1.35, "parallel": 1.2}, [0.9, 0.8, 0.7, 0.6])
-    modes = [pol.decide(_sched(1)).mode for _ in range(200)]
-    assert modes.count("parallel") > 180 and "decoupled" in modes  # periodic re-exploration (plausible)
-    assert "plain" not in modes  # 1 token / 1.0 s is far below 4 / 1.2: never re-measured
-    assert pol.decide(_sched(33)).mode in {"plain", "decoupled", "parallel"}  # new bucket: warm-up again
+def test_buckets_are_independent_and_runner_up_is_remeasured(monkeypatch):
+    times, acceptance = {"plain": 1.0, "decoupled": 1.35, "parallel": 1.2}, [0.9, 0.8, 0.7, 0.6]
+
+    def modes_after_training(n: int) -> list[str]:
+        pol = _policy()
+        _train(pol, 1, times, acceptance)
+        modes = []
+        for _ in range(n):
+            d = pol.decide(_sched(1))
+            modes.append(d.mode)
+            pol.observe(d.mode, 1, times[d.mode], acceptance if d.mode != "plain" else None)
+        assert pol.decide(_sched(33)).mode in {"plain", "decoupled", "parallel"}  # new bucket: warm-up again
+        return modes
+
+    modes = modes_after_training(400)
+    assert modes.count("parallel") > 380 and "decoupled" in modes  # periodic re-exploration (plausible)
+    # 1 token / 1.0 s is far below 4 / 1.2, but plain is re-measured all the same (ALWAYS_PROBE_PLAIN), its
+    # probes PROBE_STEPS long
+    assert 0 < modes.count("plain") <= 2 * PROBE_STEPS
+    monkeypatch.setattr(policy_tuning, "ALWAYS_PROBE_PLAIN", False)
+    modes = modes_after_training(400)
+    assert "plain" not in modes and "decoupled" in modes  # without it: only options within PROBE_WITHIN
 
 
 def test_overrides_and_disable_by_batch_size():

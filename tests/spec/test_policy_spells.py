@@ -102,9 +102,9 @@ def test_the_plain_step_after_an_exit_is_priced_with_the_exit(monkeypatch):
     assert exits.n == n + 2 and exits.history[-1] == 3.0
 
 
-def test_exit_pricing_off_records_the_exit_step_alone():
-    """``PRICE_EXIT_FOLLOWER`` off (the default since session 44's A/B): the exit step is recorded at once, and
-    the plain step after it is one of plain decoding's samples."""
+def test_exit_pricing_off_records_the_exit_step_alone_and_skips_the_step_after_it():
+    """``PRICE_EXIT_FOLLOWER`` off (the default since session 44's A/B): the exit step is recorded at once; the
+    plain step after it (not launched ahead) is no plain sample either, the one after that is (``PROBE_STEPS``)."""
     assert not policy_tuning.PRICE_EXIT_FOLLOWER
     pol, _ = _steady_policy()
     plain_before = pol.step_times[("plain", 1)].n
@@ -113,5 +113,91 @@ def test_exit_pricing_off_records_the_exit_step_alone():
     pol.observe("decoupled", 1, 2.5, ACCEPTANCE, previous="decoupled")
     pol.observe("plain", 1, 3.0, None, previous="decoupled")
     assert exits.n == n + 1 and exits.history[-1] == 3.0
-    pol.observe("plain", 1, 2.2, None, previous="plain")
-    assert pol.step_times[("plain", 1)].n == plain_before + 1 and exits.n == n + 1
+    pol.observe("plain", 1, 2.2, None, previous="plain")  # after the exit: skipped
+    assert pol.step_times[("plain", 1)].n == plain_before and exits.n == n + 1
+    pol.observe("plain", 1, 1.0, None, previous="plain")  # steady
+    assert pol.step_times[("plain", 1)].n == plain_before + 1
+    # a prompt joining the step after an exit: no plain join sample either
+    joins = pol.step_times.get(("join:plain", 1))
+    joins_before = joins.n if joins is not None else 0
+    pol.observe("decoupled", 1, 2.5, ACCEPTANCE, previous="plain")
+    pol.observe("decoupled", 1, 2.5, ACCEPTANCE, previous="decoupled")
+    pol.observe("plain", 1, 3.0, None, previous="decoupled")
+    pol.observe("plain", 1, 9.0, None, previous="plain", prefill=True)
+    joins = pol.step_times.get(("join:plain", 1))
+    assert (joins.n if joins is not None else 0) == joins_before
+
+
+def test_a_plain_probe_ends_on_a_steady_plain_step():
+    """A probe of plain decoding from speculation runs ``PROBE_STEPS`` (3) plain steps: the exit, the step after
+    it and one steady step, whose time re-measures plain (an inflated plain estimate is corrected)."""
+    assert policy_tuning.PROBE_STEPS == 3
+    pol = SpeculationPolicy(
+        EngineConfig(
+            speculative_config={
+                "method": "dflash",
+                "model": "unused",
+                "num_speculative_tokens": 4,
+                "execution": "auto",
+            }
+        )
+    )
+    good = [
+        0.5,
+        0.35,
+        0.2,
+        0.15,
+    ]  # MAL 2.2: decoupled 2.2 / 2.5 s beats plain's 1 / 1.9 s, not its true 1 / 1.0
+    slow_plain = {"plain": 1.9, "decoupled": 2.5}  # plain timed in a slow spell at warm-up
+    for _ in range(200):
+        d = pol.decide(_sched(1))
+        pol.observe(d.mode, 1, slow_plain[d.mode], good if d.mode != "plain" else None)
+    assert pol.step_time("plain", 1) == 1.9
+    assert pol.decide(_sched(1)).mode == "decoupled"
+    pol.observe("decoupled", 1, 2.5, good)
+    steps, probes = ["decoupled", "decoupled"], 0
+    for _ in range(3000):
+        d = pol.decide(_sched(1))
+        # plain's steady steps take 1.0 s; the exit and the step after it (not launched ahead) 1.9
+        t = 2.5 if d.mode != "plain" else (1.9 if "decoupled" in steps[-2:] else 1.0)
+        steps.append(d.mode)
+        probes += d.reason == "probe" and d.mode == "plain"
+        pol.observe(d.mode, 1, t, good if d.mode != "plain" else None)
+    assert probes >= 3  # a probe of plain
+    assert pol.step_time("plain", 1) == 1.0  # re-measured by a probe's steady step
+    assert steps[-500:].count("plain") > 450  # and plain decoding chosen from then on
+
+
+def test_plain_is_probed_however_far_below_the_best_its_estimate_is(monkeypatch):
+    """``ALWAYS_PROBE_PLAIN``: a plain estimate 4x too slow puts plain under ``PROBE_WITHIN`` of the best, where
+    other options are never re-measured; plain still is, and its steady steps correct it. Off, it stays locked
+    out (session 44's H100 log: a warm-up profile's plain@64 at 2.40 ms against 1.14 elsewhere)."""
+
+    def run(always: bool) -> tuple[float, list[str]]:
+        monkeypatch.setattr(policy_tuning, "ALWAYS_PROBE_PLAIN", always)
+        pol = SpeculationPolicy(
+            EngineConfig(
+                speculative_config={
+                    "method": "dflash",
+                    "model": "unused",
+                    "num_speculative_tokens": 4,
+                    "execution": "auto",
+                }
+            )
+        )
+        good = [0.5, 0.35, 0.2, 0.15]  # MAL 2.2 at 2.5 s: 0.88 tokens / s against plain's true 1.0
+        for _ in range(200):  # warm-up with plain timed 4x too slow
+            d = pol.decide(_sched(1))
+            pol.observe(d.mode, 1, 4.0 if d.mode == "plain" else 2.5, good if d.mode != "plain" else None)
+        steps = ["decoupled", "decoupled"]
+        for _ in range(4000):
+            d = pol.decide(_sched(1))
+            t = 2.5 if d.mode != "plain" else (4.0 if "decoupled" in steps[-2:] else 1.0)
+            steps.append(d.mode)
+            pol.observe(d.mode, 1, t, good if d.mode != "plain" else None)
+        return pol.step_time("plain", 1), steps
+
+    t_on, steps_on = run(True)
+    assert t_on == 1.0 and steps_on[-500:].count("plain") > 450
+    t_off, steps_off = run(False)
+    assert t_off == 4.0 and steps_off[-500:].count("plain") < 50
