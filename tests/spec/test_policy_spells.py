@@ -26,17 +26,14 @@ def _run(pol: SpeculationPolicy, times: dict[str, float], steps: int) -> list[st
     return modes
 
 
+def _auto_policy() -> SpeculationPolicy:
+    """``execution: auto`` over chains of 4 drafts (no drafter is loaded: the policy alone)."""
+    spec = {"method": "dflash", "model": "unused", "num_speculative_tokens": 4, "execution": "auto"}
+    return SpeculationPolicy(EngineConfig(speculative_config=spec))
+
+
 def _steady_policy() -> tuple[SpeculationPolicy, dict[str, float]]:
-    pol = SpeculationPolicy(
-        EngineConfig(
-            speculative_config={
-                "method": "dflash",
-                "model": "unused",
-                "num_speculative_tokens": 4,
-                "execution": "auto",
-            }
-        )
-    )
+    pol = _auto_policy()
     times = {"plain": 1.0, "decoupled": 2.5}
     _run(pol, times, (WARMUP_SAMPLES + 1) * 4 + 100)
     assert _run(pol, times, 50).count("plain") >= 45  # plain wins between probes
@@ -132,16 +129,7 @@ def test_a_plain_probe_ends_on_a_steady_plain_step():
     """A probe of plain decoding from speculation runs ``PROBE_STEPS`` (3) plain steps: the exit, the step after
     it and one steady step, whose time re-measures plain (an inflated plain estimate is corrected)."""
     assert policy_tuning.PROBE_STEPS == 3
-    pol = SpeculationPolicy(
-        EngineConfig(
-            speculative_config={
-                "method": "dflash",
-                "model": "unused",
-                "num_speculative_tokens": 4,
-                "execution": "auto",
-            }
-        )
-    )
+    pol = _auto_policy()
     good = [
         0.5,
         0.35,
@@ -175,16 +163,7 @@ def test_plain_is_probed_however_far_below_the_best_its_estimate_is(monkeypatch)
 
     def run(always: bool) -> tuple[float, list[str]]:
         monkeypatch.setattr(policy_tuning, "ALWAYS_PROBE_PLAIN", always)
-        pol = SpeculationPolicy(
-            EngineConfig(
-                speculative_config={
-                    "method": "dflash",
-                    "model": "unused",
-                    "num_speculative_tokens": 4,
-                    "execution": "auto",
-                }
-            )
-        )
+        pol = _auto_policy()
         good = [0.5, 0.35, 0.2, 0.15]  # MAL 2.2 at 2.5 s: 0.88 tokens / s against plain's true 1.0
         for _ in range(200):  # warm-up with plain timed 4x too slow
             d = pol.decide(_sched(1))
