@@ -44,6 +44,62 @@ def plain_decode_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInpu
     return inp
 
 
+def verify_decode_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput | None:
+    """``LLMEngine.build_model_input`` for a batch of verification queries: every sequence's query is its last
+    token followed by a chain of ``d >= 0`` drafts (``num_new_tokens == 1 + d``), and every token row is a
+    logits row (the steady state of speculative decoding). The same input as :func:`general_input`, with the
+    per-sequence branches gone (session 45: ~0.4 ms of ``general_input`` at batch 64 sat on the critical path of
+    every speculative step). Returns None when some sequence is not such a query (a prompt chunk, a draft
+    tree): the caller then builds the general input."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    rows: list[tuple[float, float, int, int, int]] = []
+    num_logprobs: int | None = None
+    for s in scheduled:
+        seq = s.seq
+        d = s.num_draft_tokens
+        start = seq.num_computed_tokens
+        token_ids = seq.token_ids
+        if s.num_new_tokens != d + 1 or start + 1 != len(token_ids) or (d and seq.draft_parents is not None):
+            return None
+        end = start + d + 1
+        ids.append(token_ids[start])
+        if d:
+            ids.extend(seq.draft_token_ids[:d])
+        positions.extend(range(start, end))
+        table = seq.block_table
+        blk = start // bs
+        if (end - 1) // bs == blk:  # the query sits in one KV block (the common case)
+            base = table[blk] * bs - blk * bs
+            slots.extend(range(base + start, base + end))
+        else:
+            slots.extend(table[pos // bs] * bs + pos % bs for pos in range(start, end))
+        p = seq.params
+        num_out = start + 1 - seq.num_prompt_tokens
+        t, top_p, top_k, seed = p.temperature, p.top_p, p.top_k, seq.seed
+        rows.extend([(t, top_p, top_k, seed, num_out + j) for j in range(d + 1)])
+        if p.logprobs is not None:
+            num_logprobs = max(num_logprobs or 0, p.logprobs)
+    seqs = [s.seq for s in scheduled]
+    inp = ModelInput(
+        input_ids=ids,
+        positions=positions,
+        slot_mapping=slots,
+        block_tables=[seq.block_table for seq in seqs],
+        context_lens=[seq.num_computed_tokens for seq in seqs],
+        query_lens=[s.num_new_tokens for s in scheduled],
+        logits_indices=list(range(len(ids))),
+        sampling_rows=rows,
+        num_logprobs=num_logprobs,
+        seq_ids=[seq.seq_id for seq in seqs],
+        num_draft_tokens=[s.num_draft_tokens for s in scheduled],
+        samples=[True] * len(seqs),
+        max_lens=[seq.max_len for seq in seqs],
+    )
+    return inp
+
+
 def general_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:
     """``LLMEngine.build_model_input`` for any batch: prompt chunks, decode and verification queries."""
     inp = ModelInput([], [], [], [], [], [], [])

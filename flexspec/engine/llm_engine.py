@@ -14,7 +14,7 @@ from flexspec.engine.async_scheduling import AsyncSchedulingMixin
 from flexspec.engine.block_manager import BlockManager
 from flexspec.engine.detokenizer import IncrementalDetokenizer, find_stop
 from flexspec.engine.executor import Executor, LocalExecutor
-from flexspec.engine.input_builder import general_input, plain_decode_input
+from flexspec.engine.input_builder import general_input, plain_decode_input, verify_decode_input
 from flexspec.engine.model_input import ModelInput, ModelOutput
 from flexspec.engine.outputs import RequestOutput
 from flexspec.engine.prompts import PromptMixin
@@ -183,7 +183,7 @@ class LLMEngine(AsyncSchedulingMixin, PromptMixin):
         if all(s.num_new_tokens == 1 and s.num_draft_tokens == 0 for s in scheduled):
             inp = plain_decode_input(scheduled, bs)
         else:
-            inp = general_input(scheduled, bs)
+            inp = verify_decode_input(scheduled, bs) or general_input(scheduled, bs)
         if self.policy is not None:
             decision = decision or self.policy.decide(sched)
             inp.num_speculative_tokens = decision.num_speculative_tokens
