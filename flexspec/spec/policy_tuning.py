@@ -21,6 +21,14 @@ PROBE_STEPS = 3
 # within PROBE_WITHIN; the probe budget and the doubling intervals bound what such probes cost). A plain estimate
 # measured 2x too slow (session 44's warm-up profile above) otherwise locked plain out of its bucket for good.
 ALWAYS_PROBE_PLAIN = True
+# A decision whose best option's expected rate is at least HOLD_MARGIN times the runner-up's is held for the next
+# HOLD_STEPS - 1 decisions of its bucket (none past a due probe) without ranking the options again: ranking them
+# (every request's MAL estimate, each option's step times) cost ~0.13 ms of host time per b=64 step on a 2-core
+# AMD EPYC (session 45, engine with an instant executor), where a host-bound plain step of the plain engine takes
+# ~1.2 ms on an H100 host. 1 = rank before every step.
+HOLD_STEPS = 8
+HOLD_MARGIN = 1.1
+HOLD_FROM = 16  # batch sizes from which decisions are held
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
 PROBE_BUDGET = 0.01  # expected throughput a bucket's probes may cost (share of the best mode's); 0 = no limit

@@ -1,0 +1,86 @@
+"""Held decisions (``policy_tuning.HOLD_STEPS``): from ``HOLD_FROM`` sequences on, a decision whose best option
+leads the runner-up by ``HOLD_MARGIN`` is reused for the bucket's next ``HOLD_STEPS - 1`` decisions without
+ranking the options again (its host time sits on a host-bound large batch's step), but never past a due probe,
+nor when a prompt joins or the batch size changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs import EngineConfig
+from flexspec.engine.scheduler import SchedulerOutput
+from flexspec.spec import policy_tuning
+from flexspec.spec.policy import SpeculationPolicy
+
+ACCEPTANCE = [0.5, 0.3, 0.1, 0.05]  # E[tokens per step] 1.95
+
+
+def _sched(n: int, prefills: int = 0) -> SchedulerOutput:
+    return SchedulerOutput(scheduled=[object()] * n, preempted=[], num_prefills=prefills)  # type: ignore[list-item]
+
+
+def _policy() -> tuple[SpeculationPolicy, list[int]]:
+    """An ``auto`` policy over chains of 4 drafts and a counter of its rankings (each ranks the batch's MAL)."""
+    spec = {"method": "dflash", "model": "unused", "num_speculative_tokens": 4, "execution": "auto"}
+    pol = SpeculationPolicy(EngineConfig(speculative_config=spec))
+    rankings = [0]
+    rank = pol.batch_tokens_per_step
+
+    def counted(sched):
+        rankings[0] += 1
+        return rank(sched)
+
+    pol.batch_tokens_per_step = counted  # type: ignore[method-assign]
+    return pol, rankings
+
+
+def _run(pol: SpeculationPolicy, times: dict[str, float], steps: int, n: int, joins: int = 0) -> list[str]:
+    """``steps`` decisions at batch size ``n`` with steady step times (a prompt joins every ``joins``-th step);
+    returns each decision's option and reason."""
+    out = []
+    for i in range(steps):
+        d = pol.decide(_sched(n, prefills=int(joins > 0 and i % joins == 0)))
+        out.append(f"{d.option}:{d.reason}")
+        pol.observe(d.option, n, times[d.mode], ACCEPTANCE if d.mode != "plain" else None)
+    return out
+
+
+@pytest.mark.parametrize("times", [{"plain": 1.0, "decoupled": 2.5}, {"plain": 1.0, "decoupled": 1.2}])
+def test_held_decisions_equal_ranked_ones_and_probes_come_on_time(monkeypatch, times):
+    """With steady step times and acceptance, holding changes no decision, probes included (at the same
+    steps), while the options are ranked far less often: plain decisively best (1.95 tokens / 2.5 s), then
+    speculation decisively best (1.95 / 1.2 s)."""
+    held, held_rankings = _policy()
+    ranked, all_rankings = _policy()
+    decisions = _run(held, times, 800, 32)
+    monkeypatch.setattr(policy_tuning, "HOLD_STEPS", 1)
+    assert _run(ranked, times, 800, 32) == decisions
+    assert sum(d.endswith(":probe") for d in decisions) >= 3  # probes came, at the same steps
+    assert held_rankings[0] < all_rankings[0] / 4, (held_rankings, all_rankings)
+
+
+def test_a_joining_prompt_or_another_batch_size_ranks_again():
+    pol, rankings = _policy()
+    times = {"plain": 1.0, "decoupled": 2.5}
+    _run(pol, times, 200, 32)
+    while pol.probe is not None or pol.last_modes[-1] != "plain":
+        _run(pol, times, 1, 32)
+    counts = []
+    for n, joins in [(32, 1), (32, 0), (31, 0), (31, 0), (31, 1), (31, 0)]:
+        pol.decide(_sched(n, prefills=joins))
+        pol.observe("plain", n, 1.0, None)
+        counts.append(rankings[0])
+    # ranked: a prompt joins, the batch size changes, a prompt joins; held: the same batch again
+    assert [b - a for a, b in zip([counts[0] - 1, *counts], counts)] == [1, 0, 1, 0, 1, 0]
+
+
+@pytest.mark.parametrize(
+    ("n", "times"),
+    [(8, {"plain": 1.0, "decoupled": 2.5}), (32, {"plain": 1.0, "decoupled": 1.95 / 1.05})],
+    ids=["below HOLD_FROM", "near tie"],
+)
+def test_small_batches_and_near_ties_rank_every_step(n, times):
+    pol, rankings = _policy()
+    decisions = _run(pol, times, 300, n)
+    warmup = sum(d.endswith(":warmup") for d in decisions)
+    assert rankings[0] == len(decisions) - warmup
