@@ -161,6 +161,7 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
     _nearest_keys: int = -1  # len(step_times) when _nearest_cache was filled (keys are only ever added)
     # (batch size, option, decision count to rank again at, rates, spec tokens) of a decisive decision (HOLD_STEPS)
     _held: tuple[int, str, float, dict[str, float], float] | None = None
+    _memo: dict[tuple[str, int], float | None] | None = None  # step_time's results while a decision ranks
 
     def __post_init__(self) -> None:
         spec = self.config.speculative_config
@@ -214,6 +215,7 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
             self._held = held
             self.last_rates, self.last_spec_tokens = held[3], held[4]
             return self._decision(held[1])
+        self._memo = {}  # step times looked up while ranking, until the decision returns (``_decision``)
         spec_tokens = self.batch_tokens_per_step(sched)
         tokens = {m: self.option_tokens(m, spec_tokens) for m in self.options}
         rates = {m: self.expected_rate(m, bucket, tokens[m]) for m in self.options}
@@ -261,6 +263,7 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
         return self._decision(ranked[0])
 
     def _decision(self, option: str, reason: str = "best") -> Decision:
+        self._memo = None
         return self._count(Decision(option.split("/")[0], self.lengths[option], option, reason))
 
     def _count(self, d: Decision) -> Decision:
@@ -292,6 +295,15 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
     def step_time(self, mode: str, bucket: int) -> float | None:
         """Estimated seconds per step of ``mode`` at ``bucket`` (see the module doc), or of a switch step
         (``mode`` "enter:MODE" / "exit:MODE", see ``switch_time``); None if never measured."""
+        memo = self._memo
+        if memo is not None:
+            key = (mode, bucket)
+            if key not in memo:
+                memo[key] = self._step_time(mode, bucket)
+            return memo[key]
+        return self._step_time(mode, bucket)
+
+    def _step_time(self, mode: str, bucket: int) -> float | None:
         near = self._nearest(mode, bucket)
         if near is None:
             return None

@@ -1,7 +1,8 @@
-"""Held decisions (``policy_tuning.HOLD_STEPS``): from ``HOLD_FROM`` sequences on, a decision whose best option
+"""The host time of the policy's decisions (it sits on every step; a b=64 step is host-bound on an H100 host).
+Held decisions (``policy_tuning.HOLD_STEPS``): from ``HOLD_FROM`` sequences on, a decision whose best option
 leads the runner-up by ``HOLD_MARGIN`` is reused for the bucket's next ``HOLD_STEPS - 1`` decisions without
-ranking the options again (its host time sits on a host-bound large batch's step), but never past a due probe,
-nor when a prompt joins or the batch size changes."""
+ranking the options again, but never past a due probe, nor when a prompt joins or the batch size changes. A
+ranking looks each step time up once (``SpeculationPolicy.step_time``'s memo), which changes no decision."""
 
 from __future__ import annotations
 
@@ -84,3 +85,23 @@ def test_small_batches_and_near_ties_rank_every_step(n, times):
     decisions = _run(pol, times, 300, n)
     warmup = sum(d.endswith(":warmup") for d in decisions)
     assert rankings[0] == len(decisions) - warmup
+
+
+def test_memoized_step_times_change_no_decision(monkeypatch):
+    """Rankings with step_time's memo equal rankings that compute every lookup afresh, over switches, probes and
+    warm-up, at a batch size where nothing is held; the memo is gone once the decision is made."""
+    times = {"plain": 1.0, "decoupled": 1.8}
+    memo, _ = _policy()
+    decisions = _run(memo, times, 600, 4)
+    assert memo._memo is None
+    lookups = []
+
+    def fresh(self, mode, bucket):
+        lookups.append(self._memo)
+        return SpeculationPolicy._step_time(self, mode, bucket)
+
+    monkeypatch.setattr(SpeculationPolicy, "step_time", fresh)
+    plain, _ = _policy()
+    assert _run(plain, times, 600, 4) == decisions
+    assert len({d.split(":")[0] for d in decisions}) >= 2 and any(d.endswith(":probe") for d in decisions)
+    assert any(m is not None for m in lookups)  # the memo was active while ranking
