@@ -40,11 +40,27 @@ class StepRecord:
     mode: str = "plain"  # the policy's decision for the step ("plain" | "decoupled" | "parallel")
     reason: str = ""  # why the policy chose it (``Decision.reason``: best, warmup, measure, probe, ...)
     # where the policy ranked its options: {option: expected tokens/s per sequence} (margins and switch costs
-    # applied), its E[tokens per speculative step] and {option: estimated step ms, joining prompts included
-    # (``SpeculationPolicy.mean_step_time``)}; None otherwise
+    # applied), its E[tokens per speculative step] and {option: estimated decode step ms at the batch's bucket
+    # (``SpeculationPolicy.step_time``)}; None otherwise. Filled by ``describe_ranking`` from ``ranking``.
     rates: dict[str, float] | None = None
     spec_tokens: float | None = None
     est_ms: dict[str, float] | None = None
+    # (rates, E[tokens], step_time lookups, bucket): the policy's own objects, referenced while the step runs and
+    # converted afterwards; computing est_ms inside the timed step (mean_step_time per option) cost ~6-10 us per
+    # step on a 2-core AMD EPYC, time that only `auto` paid and that its throughput counted (session 45)
+    ranking: tuple[Any, ...] | None = field(default=None, repr=False)
+
+    def describe_ranking(self) -> None:
+        """Convert ``ranking`` into ``rates`` / ``spec_tokens`` / ``est_ms`` (rounded), and drop it."""
+        if self.ranking is None:
+            return
+        rates, tokens, lookups, bucket = self.ranking
+        self.ranking = None
+        self.rates = {k: round(v, 1) for k, v in rates.items()}
+        self.spec_tokens = round(tokens, 3)
+        if lookups is not None:
+            self.est_ms = {k: round((lookups.get((k, bucket)) or 0.0) * 1e3, 4) for k in rates}
+
     launched: bool = False  # enqueued by ``launch`` (collected later) rather than run by ``execute``
     ahead: bool = False  # launched before the previous step was collected (async scheduling)
     num_launched: int = 0  # model steps started in this call (2: a prefill, then the next step)
@@ -133,11 +149,9 @@ class StepTimers:
         rec.mode = "plain" if modes is None else modes[-1] if modes else inp.spec_mode
         rec.reason = getattr(policy, "last_reason", "")
         rates = getattr(policy, "last_rates", None)
-        if rates is not None:
+        if rates is not None:  # references only (see StepRecord.ranking)
             bucket = batch_bucket(len(inp.query_lens))
-            rec.rates = {k: round(v, 1) for k, v in rates.items()}
-            rec.spec_tokens = round(policy.last_spec_tokens, 3)
-            rec.est_ms = {k: round((policy.mean_step_time(k, bucket) or 0.0) * 1e3, 4) for k in rates}
+            rec.ranking = (rates, policy.last_spec_tokens, policy.last_step_times, bucket)
         rec.launched = rec.ahead = False
 
     def _propose(self, *args: Any, **kwargs: Any) -> Any:

@@ -231,7 +231,9 @@ def write_step_log(folder: str, point: dict[str, Any], steps: list[Any], rounds:
     rounds[path] = rnd + 1
     with path.open("a") as f:
         for r in steps:
+            r.describe_ranking()
             rec = {"round": rnd, **dataclasses.asdict(r)}
+            del rec["ranking"]
             for key in ("wall_s", "exec_s", "draft_s"):
                 rec[key.replace("_s", "_ms")] = round(rec.pop(key) * 1e3, 4)
             f.write(json.dumps(rec) + "\n")

@@ -61,10 +61,9 @@ Step times:
   mode that still measures slow is left again;
 * a step in which prompts join the batch is timed apart, as its mode's join step, and each option is ranked by its
   mean step time with joining prompts as frequent as they have lately been (``mean_step_time``);
-* from ``HOLD_FROM`` sequences on, a decisive decision (best option ``HOLD_MARGIN`` ahead of the runner-up) is
-  held for up to ``HOLD_STEPS`` - 1 more decisions of the same batch (no prompt joining, no probe due) without
-  ranking again (a b=64 ranking cost ~0.06-0.13 ms of a host-bound step on a 2-core AMD EPYC; replay of 21
-  points x 4 seeds over session 42's H100 times: mean ``auto`` / best 0.9802 -> 0.9815);
+* from ``HOLD_FROM`` sequences on, a decisive decision (best option ``HOLD_MARGIN`` ahead of the runner-up) is held
+  for up to ``HOLD_STEPS`` - 1 more decisions of the same batch (no prompt joining, no probe due) without ranking
+  again (host time; replay, 21 points x 4 seeds, session 42's H100 times: mean ``auto`` / best 0.9802 -> 0.9815);
 
 A step's wall time covers verifying the drafts decided one step earlier plus drafting for the decision made now, so
 only steps whose decision equals the previous one are recorded as the mode's (steady state of one mode); the steps
@@ -141,6 +140,7 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
     # speculative step] of its batch, where it ranked options (reason best / measure / probe), else None
     last_rates: dict[str, float] | None = None
     last_spec_tokens: float | None = None
+    last_step_times: dict[tuple[str, int], float | None] | None = None  # step_time lookups behind last_rates
     probe: tuple[str, int] | None = None  # (mode, decisions left) of a running re-measurement
     # bucket -> (decision count of its next probe, the interval that set it)
     probe_due: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -159,8 +159,7 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
     _warmed: bool = False  # every option has WARMUP_SAMPLES step times
     _nearest_cache: dict[tuple[str, int], int | None] = field(default_factory=dict)
     _nearest_keys: int = -1  # len(step_times) when _nearest_cache was filled (keys are only ever added)
-    # (batch size, option, decision count to rank again at, rates, spec tokens) of a decisive decision (HOLD_STEPS)
-    _held: tuple[int, str, float, dict[str, float], float] | None = None
+    _held: tuple[int, str, float, dict[str, float], float] | None = None  # (b, option, until, rates, tokens)
     _memo: dict[tuple[str, int], float | None] | None = None  # step_time's results while a decision ranks
 
     def __post_init__(self) -> None:
@@ -263,7 +262,8 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
         return self._decision(ranked[0])
 
     def _decision(self, option: str, reason: str = "best") -> Decision:
-        self._memo = None
+        if self._memo is not None:  # a ranking's lookups: kept for step logs (bench.engine_load)
+            self.last_step_times, self._memo = self._memo, None
         return self._count(Decision(option.split("/")[0], self.lengths[option], option, reason))
 
     def _count(self, d: Decision) -> Decision:
