@@ -21,11 +21,12 @@ PROBE_STEPS = 3
 # within PROBE_WITHIN; the probe budget and the doubling intervals bound what such probes cost). A plain estimate
 # measured 2x too slow (session 44's warm-up profile above) otherwise locked plain out of its bucket for good.
 ALWAYS_PROBE_PLAIN = True
-# A decision whose best option's expected rate is at least HOLD_MARGIN times the runner-up's is held for the next
-# HOLD_STEPS - 1 decisions of its bucket (none past a due probe) without ranking the options again: ranking them
-# (every request's MAL estimate, each option's step times) cost ~0.13 ms of host time per b=64 step on a 2-core
-# AMD EPYC (session 45, engine with an instant executor), where a host-bound plain step of the plain engine takes
-# ~1.2 ms on an H100 host. 1 = rank before every step.
+# From HOLD_FROM sequences on, a decision whose best option's expected rate is at least HOLD_MARGIN times the
+# runner-up's is held for the next HOLD_STEPS - 1 decisions of the same batch (same size, no prompt joining, none
+# past a due probe) without ranking the options again: ranking them (every request's MAL estimate, each option's
+# step times) cost ~0.06-0.13 ms of host time per b=64 step on a 2-core AMD EPYC (session 45, engine with an
+# instant executor), where a host-bound plain step of the plain engine takes ~1.2 ms on an H100 host. Below 16
+# sequences a held decision reacts too late to each request's estimate (replay: ~0.4% lower). 1 = rank always.
 HOLD_STEPS = 8
 HOLD_MARGIN = 1.1
 HOLD_FROM = 16  # batch sizes from which decisions are held
