@@ -151,7 +151,7 @@ class StepTimers:
         rates = getattr(policy, "last_rates", None)
         if rates is not None:  # references only (see StepRecord.ranking)
             bucket = batch_bucket(len(inp.query_lens))
-            rec.ranking = (rates, policy.last_spec_tokens, policy.last_step_times, bucket)
+            rec.ranking = (rates, policy.last_spec_tokens, getattr(policy, "last_step_times", None), bucket)
         rec.launched = rec.ahead = False
 
     def _propose(self, *args: Any, **kwargs: Any) -> Any:

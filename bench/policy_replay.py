@@ -14,18 +14,16 @@ dataset x batch size on one policy, whose state carries over between points as i
 
 The replay's model of a step: a request that was drafted for in the previous step verifies its drafts and
 emits ``accepted + 1`` tokens (capped at its remaining ``max_tokens``), otherwise 1; the step costs a
-speculative step if any request verifies or is drafted for, else a plain step (the plain engine's: the extra
-host work of a speculative engine's plain steps is not modelled, nor step times that drift during a run, but
-``--spells`` adds slow spells: a few consecutive steps of every mode cost some milliseconds more);
+speculative step if any request verifies or is drafted for, else a plain step (the plain engine's; step times
+that drift during a run are not modelled, but ``--spells`` adds slow spells: a few consecutive steps of every mode
+cost some milliseconds more, and ``--ranking-cost-ms`` the host time of each decision that ranks the options);
 ``--switch-costs`` prices the step entering speculation and the one leaving it as multiples of a speculative
 step (they cost more where the drafter catches up on the context plain steps left), ``--after-exit-cost`` the
 plain step after the one leaving it (not launched ahead) as a multiple of a plain step.
 A step in which requests join (their prompts prefill; they start with their first token, without drafts)
 costs that mode's mean time of steps that prefill in the same spec_bench run (``step_time.all_steps`` less
-``decode_steps``), and the policy times it as that mode's join step, as in the engine; ``--no-prefill-cost`` prices it as
-a decode step instead. Use it to compare policy settings on the same traces; the H200's spec_bench is what
-reports throughput.
-
+``decode_steps``), timed by the policy as that mode's join step, as in the engine (``--no-prefill-cost``: as a
+decode step). Use it to compare policy settings on the same traces; the GPU's spec_bench reports throughput.
 Output JSON: per (dataset, batch size) the tokens/s of plain, of each always-speculative mode and of auto,
 auto's ratios, and the share of auto's steps per mode.
 """
@@ -43,7 +41,7 @@ from typing import Any
 
 from bench.cli import main_entry
 from bench.common import JsonReport, cycle_to, environment, int_list, log, output_path, positive_int
-from bench.replay_options import apply_overrides, parse_spells, parse_switch_costs
+from bench.replay_options import apply_overrides, check_step_costs, parse_spells, parse_switch_costs
 
 SCHEMA = "flexspec.bench.policy_replay/1"
 
@@ -190,6 +188,7 @@ class Replay:
         k: int,
         switch_costs: tuple[float, float] = (1.0, 1.0),
         after_exit_cost: float = 1.0,
+        ranking_cost_s: float = 0.0,
     ) -> None:
         from configs import EngineConfig
         from flexspec.spec.policy import SpeculationPolicy
@@ -197,10 +196,19 @@ class Replay:
         self.k, self.times = k, times
         self.enter_cost, self.exit_cost = switch_costs
         self.after_exit_cost = after_exit_cost  # the plain step after an exit step, times a plain step
+        self.ranking_cost_s = ranking_cost_s  # host time of a decision that ranks the options (not held)
         self.policy = SpeculationPolicy(
             EngineConfig(speculative_config={**spec_config, "num_speculative_tokens": k})
         )
         self.policy.options = [m for m in self.policy.options if m in times.modes()]
+        self.rankings = 0  # decisions that ranked the options (each reads the batch's MAL estimate once)
+        rank = self.policy.batch_tokens_per_step
+
+        def counted(sched: Any) -> float:
+            self.rankings += 1
+            return rank(sched)
+
+        self.policy.batch_tokens_per_step = counted  # type: ignore[method-assign]
 
     def warm_up_profile(self, trace: list[int | None], profile: dict, max_batch_size: int) -> None:
         """``LLMEngine.profile_speculation``: at every bucket up to ``max_batch_size``, copies of one request
@@ -242,6 +250,7 @@ class Replay:
                 num_joined += 1
             joined = num_joined > 0
             n = len(running)
+            ranked = self.rankings
             if mode is None:
                 chosen = self.policy.decide(_Sched([_Scheduled(s) for s in running], [], num_joined)).option
             else:
@@ -262,6 +271,7 @@ class Replay:
                 seconds *= self.exit_cost
             elif chosen == "plain" and prev == "plain" and prev_prev not in (None, "plain"):
                 seconds *= self.after_exit_cost  # not launched ahead of the exit step's result
+            seconds += self.ranking_cost_s * (self.rankings - ranked)
             clock += seconds
             verified_length = 0
             for s, verifies in zip(running, verifying):
@@ -351,6 +361,13 @@ def build_parser(prog: str = "python -m bench.policy_replay") -> argparse.Argume
         "ahead (H100, session 43's logs, b = 16-32: 1.8-2.2 ms against 0.9-1.1 steady; e.g. 1.6)",
     )
     p.add_argument(
+        "--ranking-cost-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="host time each ranking decision adds to its step (H100, session 45, b=1: ~0.07-0.09 ms)",
+    )
+    p.add_argument(
         "--spells",
         default="0,0,0",
         metavar="RATE,STEPS,EXTRA_MS",
@@ -404,11 +421,8 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         if missing or not order:
             raise ValueError(f"--datasets {args.datasets!r}: the traces hold {sorted(traces)}")
         traces = {d: traces[d] for d in order}
-    if not args.after_exit_cost >= 1.0:
-        raise ValueError(
-            f"--after-exit-cost {args.after_exit_cost}: must be >= 1 (a multiple of a plain step)"
-        )
-    rep = Replay(spec, times, k, parse_switch_costs(args.switch_costs), args.after_exit_cost)
+    costs = check_step_costs(args.after_exit_cost, args.ranking_cost_ms)
+    rep = Replay(spec, times, k, parse_switch_costs(args.switch_costs), *costs)
     first = next(iter(traces.values()))
     max_bs = max(args.batch_sizes)
     if args.profile_trace:

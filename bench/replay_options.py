@@ -70,3 +70,13 @@ def parse_spells(text: str) -> tuple[float, int, float]:
     if not 0 <= out[0] <= 1 or out[1] < 0 or out[2] < 0:
         raise ValueError(f"--spells {text!r}: RATE must be in [0, 1], STEPS and EXTRA_MS at least 0")
     return out
+
+
+def check_step_costs(after_exit_cost: float, ranking_cost_ms: float) -> tuple[float, float]:
+    """``--after-exit-cost`` (a multiple of a plain step, >= 1) and ``--ranking-cost-ms`` (>= 0): returns
+    (the multiple, the ranking cost in seconds); ValueError naming the option otherwise."""
+    if not after_exit_cost >= 1.0:
+        raise ValueError(f"--after-exit-cost {after_exit_cost}: must be >= 1 (a multiple of a plain step)")
+    if not ranking_cost_ms >= 0.0:
+        raise ValueError(f"--ranking-cost-ms {ranking_cost_ms}: must be >= 0")
+    return after_exit_cost, ranking_cost_ms / 1e3

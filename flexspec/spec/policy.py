@@ -61,9 +61,9 @@ Step times:
   mode that still measures slow is left again;
 * a step in which prompts join the batch is timed apart, as its mode's join step, and each option is ranked by its
   mean step time with joining prompts as frequent as they have lately been (``mean_step_time``);
-* from ``HOLD_FROM`` sequences on, a decisive decision (best option ``HOLD_MARGIN`` ahead of the runner-up) is held
-  for up to ``HOLD_STEPS`` - 1 more decisions of the same batch (no prompt joining, no probe due) without ranking
-  again (host time; replay, 21 points x 4 seeds, session 42's H100 times: mean ``auto`` / best 0.9802 -> 0.9815);
+* a decisive decision (best option ``HOLD_MARGIN`` ahead of the runner-up; plain decoding at any batch size, a
+  speculative mode from ``HOLD_FROM`` sequences on) is held for up to ``HOLD_STEPS`` - 1 more decisions of the same
+  batch (no prompt joining, no probe due) without ranking again: a ranking's host time (see policy_tuning);
 
 A step's wall time covers verifying the drafts decided one step earlier plus drafting for the decision made now, so
 only steps whose decision equals the previous one are recorded as the mode's (steady state of one mode); the steps
@@ -250,15 +250,11 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
             self.probe = (target, steps - 1)
             self.probe_estimate = (target, bucket, self.step_time(target, bucket) or 0.0)
             return self._decision(target, "probe")
-        if num_seqs >= tuning.HOLD_FROM and best >= tuning.HOLD_MARGIN * rates[ranked[1]]:  # see HOLD_STEPS
-            recheck = (
-                due
-                if count < due
-                else due - interval + gap
-                if target is not None
-                else count + tuning.HOLD_STEPS
-            )
-            self._held = (num_seqs, ranked[0], min(count + tuning.HOLD_STEPS, recheck), rates, spec_tokens)
+        hold_from = tuning.HOLD_PLAIN_FROM if ranked[0] == "plain" else tuning.HOLD_FROM  # see HOLD_STEPS
+        if num_seqs >= hold_from and best >= tuning.HOLD_MARGIN * rates[ranked[1]]:
+            later = due - interval + gap if target is not None else count + tuning.HOLD_STEPS
+            until = min(count + tuning.HOLD_STEPS, due if count < due else later)
+            self._held = (num_seqs, ranked[0], until, rates, spec_tokens)
         return self._decision(ranked[0])
 
     def _decision(self, option: str, reason: str = "best") -> Decision:

@@ -21,15 +21,20 @@ PROBE_STEPS = 3
 # within PROBE_WITHIN; the probe budget and the doubling intervals bound what such probes cost). A plain estimate
 # measured 2x too slow (session 44's warm-up profile above) otherwise locked plain out of its bucket for good.
 ALWAYS_PROBE_PLAIN = True
-# From HOLD_FROM sequences on, a decision whose best option's expected rate is at least HOLD_MARGIN times the
-# runner-up's is held for the next HOLD_STEPS - 1 decisions of the same batch (same size, no prompt joining, none
-# past a due probe) without ranking the options again: ranking them (every request's MAL estimate, each option's
-# step times) cost ~0.06-0.13 ms of host time per b=64 step on a 2-core AMD EPYC (session 45, engine with an
-# instant executor), where a host-bound plain step of the plain engine takes ~1.2 ms on an H100 host. Below 16
-# sequences a held decision reacts too late to each request's estimate (replay: ~0.4% lower). 1 = rank always.
+# A decision whose best option's expected rate is at least HOLD_MARGIN times the runner-up's is held for the next
+# HOLD_STEPS - 1 decisions of the same batch (same size, no prompt joining, none past a due probe) without ranking
+# the options again - a decision for plain decoding at any batch size (HOLD_PLAIN_FROM), a speculative one from
+# HOLD_FROM sequences on. A ranking (every request's MAL estimate, each option's step times) cost ~0.04-0.06 ms of
+# host time at b=1 and ~0.06-0.13 ms at b=64 on a 2-core AMD EPYC (session 45, instant executor); on an H100 host
+# `auto`'s plain steps at b=1 carried ~0.09 ms more host work than the plain engine's (0.19 against 0.10 ms; wall
+# p50 0.52 against 0.45). bench.policy_replay, b = 1-8, 4 seeds, 0.07 ms per ranking: mean auto / best 0.905 ->
+# 0.960 holding plain decisions (MT-Bench / HumanEval b=1 0.87 -> 0.97-0.98); without a ranking cost 0.9845 ->
+# 0.9831. Holding speculative ones below 16 too: 0.960 -> 0.965 with the cost, 0.4% lower without it (each
+# request's estimate matters more in a small batch), so not. HOLD_STEPS 1 = rank before every step.
 HOLD_STEPS = 8
 HOLD_MARGIN = 1.1
-HOLD_FROM = 16  # batch sizes from which decisions are held
+HOLD_FROM = 16
+HOLD_PLAIN_FROM = 1
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
 PROBE_BUDGET = 0.01  # expected throughput a bucket's probes may cost (share of the best mode's); 0 = no limit

@@ -156,6 +156,31 @@ def test_the_plain_step_after_an_exit_costs_the_after_exit_cost():
     assert seconds[3.0] - seconds[1.0] == pytest.approx(15 * 2e-3)
 
 
+def test_each_ranking_decision_costs_the_ranking_cost():
+    """``--ranking-cost-ms``: every decision that ranks the options (``batch_tokens_per_step`` is how a ranking
+    starts) adds that much host time to its step; held decisions and fixed modes add none."""
+    from bench.policy_replay import Replay, StepTimes
+
+    table = {"plain": {1: 1e-3}, "decoupled": {1: 4e-3}}
+    runs = {}
+    for cost in (0.0, 1e-4):
+        rep = Replay(
+            {"method": "dflash", "model": "unused"},
+            StepTimes(table, 0.0, random.Random(0)),
+            4,
+            (1, 1),
+            1.0,
+            cost,
+        )
+        rep.policy.forced = None
+        out = rep.run([[None] + [0] * 255], 256, 1, None)
+        runs[cost] = (out["seconds"], rep.rankings)
+        assert rep.run([[None] + [0] * 63], 64, 1, "plain")["seconds"] == pytest.approx(63e-3)
+        assert rep.rankings == runs[cost][1]  # a fixed mode ranks nothing
+    assert runs[0.0][1] == runs[1e-4][1] > 20  # the same decisions (plain held: HOLD_STEPS)
+    assert runs[1e-4][0] - runs[0.0][0] == pytest.approx(runs[0.0][1] * 1e-4)
+
+
 def test_overrides_name_real_constants():
     from flexspec.spec import policy_tuning as policy
 
@@ -198,6 +223,7 @@ def test_overrides_name_real_constants():
         (["--spells", "0.1,8"], "expected RATE,STEPS,EXTRA_MS"),
         (["--spells", "2,8,1"], "RATE must be in [0, 1]"),
         (["--after-exit-cost", "0.5"], "--after-exit-cost 0.5: must be >= 1"),
+        (["--ranking-cost-ms", "-1"], "--ranking-cost-ms -1.0: must be >= 0"),
         (["swap"], "is not a flexspec.bench.acceptance_trace result"),
     ],
 )
