@@ -49,6 +49,9 @@ class StepRecord:
     # converted afterwards; computing est_ms inside the timed step (mean_step_time per option) cost ~6-10 us per
     # step on a 2-core AMD EPYC, time that only `auto` paid and that its throughput counted (session 45)
     ranking: tuple[Any, ...] | None = field(default=None, repr=False)
+    launched: bool = False  # enqueued by ``launch`` (collected later) rather than run by ``execute``
+    ahead: bool = False  # launched before the previous step was collected (async scheduling)
+    num_launched: int = 0  # model steps started in this call (2: a prefill, then the next step)
 
     def describe_ranking(self) -> None:
         """Convert ``ranking`` into ``rates`` / ``spec_tokens`` / ``est_ms`` (rounded), and drop it."""
@@ -60,10 +63,6 @@ class StepRecord:
         self.spec_tokens = round(tokens, 3)
         if lookups is not None:
             self.est_ms = {k: round((lookups.get((k, bucket)) or 0.0) * 1e3, 4) for k in rates}
-
-    launched: bool = False  # enqueued by ``launch`` (collected later) rather than run by ``execute``
-    ahead: bool = False  # launched before the previous step was collected (async scheduling)
-    num_launched: int = 0  # model steps started in this call (2: a prefill, then the next step)
 
 
 class StepTimers:

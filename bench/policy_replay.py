@@ -201,14 +201,6 @@ class Replay:
             EngineConfig(speculative_config={**spec_config, "num_speculative_tokens": k})
         )
         self.policy.options = [m for m in self.policy.options if m in times.modes()]
-        self.rankings = 0  # decisions that ranked the options (each reads the batch's MAL estimate once)
-        rank = self.policy.batch_tokens_per_step
-
-        def counted(sched: Any) -> float:
-            self.rankings += 1
-            return rank(sched)
-
-        self.policy.batch_tokens_per_step = counted  # type: ignore[method-assign]
 
     def warm_up_profile(self, trace: list[int | None], profile: dict, max_batch_size: int) -> None:
         """``LLMEngine.profile_speculation``: at every bucket up to ``max_batch_size``, copies of one request
@@ -250,7 +242,7 @@ class Replay:
                 num_joined += 1
             joined = num_joined > 0
             n = len(running)
-            ranked = self.rankings
+            ranked = self.policy.num_rankings
             if mode is None:
                 chosen = self.policy.decide(_Sched([_Scheduled(s) for s in running], [], num_joined)).option
             else:
@@ -271,7 +263,7 @@ class Replay:
                 seconds *= self.exit_cost
             elif chosen == "plain" and prev == "plain" and prev_prev not in (None, "plain"):
                 seconds *= self.after_exit_cost  # not launched ahead of the exit step's result
-            seconds += self.ranking_cost_s * (self.rankings - ranked)
+            seconds += self.ranking_cost_s * (self.policy.num_rankings - ranked)
             clock += seconds
             verified_length = 0
             for s, verifies in zip(running, verifying):

@@ -82,7 +82,7 @@ def verify_decode_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInp
         if p.logprobs is not None:
             num_logprobs = max(num_logprobs or 0, p.logprobs)
     seqs = [s.seq for s in scheduled]
-    inp = ModelInput(
+    return ModelInput(
         input_ids=ids,
         positions=positions,
         slot_mapping=slots,
@@ -97,7 +97,6 @@ def verify_decode_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInp
         samples=[True] * len(seqs),
         max_lens=[seq.max_len for seq in seqs],
     )
-    return inp
 
 
 def general_input(scheduled: list[ScheduledSequence], bs: int) -> ModelInput:

@@ -183,7 +183,9 @@ class LLMEngine(AsyncSchedulingMixin, PromptMixin):
         if all(s.num_new_tokens == 1 and s.num_draft_tokens == 0 for s in scheduled):
             inp = plain_decode_input(scheduled, bs)
         else:
-            inp = verify_decode_input(scheduled, bs) or general_input(scheduled, bs)
+            # a step where prompts join is no verification batch: not tried (it would stop at the first prompt)
+            fast = None if sched.num_prefills else verify_decode_input(scheduled, bs)
+            inp = fast or general_input(scheduled, bs)
         if self.policy is not None:
             decision = decision or self.policy.decide(sched)
             inp.num_speculative_tokens = decision.num_speculative_tokens

@@ -153,6 +153,9 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
     forced_full_drafts: bool = False  # warm-up profile: steps keep every draft allowed (verify_all_drafts)
     profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
     num_decisions: int = 0  # auto decisions of every bucket: the clock of step-time staleness
+    num_rankings: int = (
+        0  # of them, those that ranked the options (not held; bench.policy_replay prices them)
+    )
     # bucket -> moving share of its decisions in which prompts join the batch (see ``mean_step_time``)
     join_share: dict[int, float] = field(default_factory=dict)
     # decisions run before every step: what they look up is cached (host time of a host-bound b=64 step counts)
@@ -209,12 +212,12 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
             and not sched.num_prefills
             and count < held[2]
             and self.last_modes[-1:] == [held[1]]
-            and not (self.probe is not None and self.probe[1] > 0)
         ):  # a decisive best option of a recent decision, same requests, no probe due: not ranked again
             self._held = held
             self.last_rates, self.last_spec_tokens = held[3], held[4]
             return self._decision(held[1])
         self._memo = {}  # step times looked up while ranking, until the decision returns (``_decision``)
+        self.num_rankings += 1
         spec_tokens = self.batch_tokens_per_step(sched)
         tokens = {m: self.option_tokens(m, spec_tokens) for m in self.options}
         rates = {m: self.expected_rate(m, bucket, tokens[m]) for m in self.options}

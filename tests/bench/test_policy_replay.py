@@ -157,8 +157,8 @@ def test_the_plain_step_after_an_exit_costs_the_after_exit_cost():
 
 
 def test_each_ranking_decision_costs_the_ranking_cost():
-    """``--ranking-cost-ms``: every decision that ranks the options (``batch_tokens_per_step`` is how a ranking
-    starts) adds that much host time to its step; held decisions and fixed modes add none."""
+    """``--ranking-cost-ms``: every decision that ranks the options (``SpeculationPolicy.num_rankings``) adds that
+    much host time to its step; held decisions and fixed modes add none."""
     from bench.policy_replay import Replay, StepTimes
 
     table = {"plain": {1: 1e-3}, "decoupled": {1: 4e-3}}
@@ -174,9 +174,9 @@ def test_each_ranking_decision_costs_the_ranking_cost():
         )
         rep.policy.forced = None
         out = rep.run([[None] + [0] * 255], 256, 1, None)
-        runs[cost] = (out["seconds"], rep.rankings)
+        runs[cost] = (out["seconds"], rep.policy.num_rankings)
         assert rep.run([[None] + [0] * 63], 64, 1, "plain")["seconds"] == pytest.approx(63e-3)
-        assert rep.rankings == runs[cost][1]  # a fixed mode ranks nothing
+        assert rep.policy.num_rankings == runs[cost][1]  # a fixed mode ranks nothing
     assert runs[0.0][1] == runs[1e-4][1] > 20  # the same decisions (plain held: HOLD_STEPS)
     assert runs[1e-4][0] - runs[0.0][0] == pytest.approx(runs[0.0][1] * 1e-4)
 

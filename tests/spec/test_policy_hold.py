@@ -9,31 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from configs import EngineConfig
 from flexspec.engine.scheduler import SchedulerOutput
 from flexspec.spec import policy_tuning
 from flexspec.spec.policy import SpeculationPolicy
+from tests.spec.test_policy_spells import _auto_policy
 
 ACCEPTANCE = [0.5, 0.3, 0.1, 0.05]  # E[tokens per step] 1.95
 
 
 def _sched(n: int, prefills: int = 0) -> SchedulerOutput:
     return SchedulerOutput(scheduled=[object()] * n, preempted=[], num_prefills=prefills)  # type: ignore[list-item]
-
-
-def _policy() -> tuple[SpeculationPolicy, list[int]]:
-    """An ``auto`` policy over chains of 4 drafts and a counter of its rankings (each ranks the batch's MAL)."""
-    spec = {"method": "dflash", "model": "unused", "num_speculative_tokens": 4, "execution": "auto"}
-    pol = SpeculationPolicy(EngineConfig(speculative_config=spec))
-    rankings = [0]
-    rank = pol.batch_tokens_per_step
-
-    def counted(sched):
-        rankings[0] += 1
-        return rank(sched)
-
-    pol.batch_tokens_per_step = counted  # type: ignore[method-assign]
-    return pol, rankings
 
 
 def _run(pol: SpeculationPolicy, times: dict[str, float], steps: int, n: int, joins: int = 0) -> list[str]:
@@ -60,17 +45,16 @@ def test_held_decisions_equal_ranked_ones_and_probes_come_on_time(monkeypatch, n
     """With steady step times and acceptance, holding changes no decision, probes included (at the same
     steps), while the options are ranked far less often: plain decisively best (1.95 tokens / 2.5 s), then
     speculation decisively best (1.95 / 1.2 s)."""
-    held, held_rankings = _policy()
-    ranked, all_rankings = _policy()
+    held, ranked = _auto_policy(), _auto_policy()
     decisions = _run(held, times, 800, n)
     monkeypatch.setattr(policy_tuning, "HOLD_STEPS", 1)
     assert _run(ranked, times, 800, n) == decisions
     assert sum(d.endswith(":probe") for d in decisions) >= 3  # probes came, at the same steps
-    assert held_rankings[0] < all_rankings[0] / 4, (held_rankings, all_rankings)
+    assert held.num_rankings < ranked.num_rankings / 4, (held.num_rankings, ranked.num_rankings)
 
 
 def test_a_joining_prompt_or_another_batch_size_ranks_again():
-    pol, rankings = _policy()
+    pol = _auto_policy()
     times = {"plain": 1.0, "decoupled": 2.5}
     _run(pol, times, 200, 32)
     while pol.probe is not None or pol.last_modes[-1] != "plain":
@@ -79,7 +63,7 @@ def test_a_joining_prompt_or_another_batch_size_ranks_again():
     for n, joins in [(32, 1), (32, 0), (31, 0), (31, 0), (31, 1), (31, 0)]:
         pol.decide(_sched(n, prefills=joins))
         pol.observe("plain", n, 1.0, None)
-        counts.append(rankings[0])
+        counts.append(pol.num_rankings)
     # ranked: a prompt joins, the batch size changes, a prompt joins; held: the same batch again
     assert [b - a for a, b in zip([counts[0] - 1, *counts], counts)] == [1, 0, 1, 0, 1, 0]
 
@@ -90,17 +74,17 @@ def test_a_joining_prompt_or_another_batch_size_ranks_again():
     ids=["speculation below HOLD_FROM", "near tie"],
 )
 def test_small_batches_speculating_and_near_ties_rank_every_step(n, times):
-    pol, rankings = _policy()
+    pol = _auto_policy()
     decisions = _run(pol, times, 300, n)
     warmup = sum(d.endswith(":warmup") for d in decisions)
-    assert rankings[0] == len(decisions) - warmup
+    assert pol.num_rankings == len(decisions) - warmup
 
 
 def test_memoized_step_times_change_no_decision(monkeypatch):
     """Rankings with step_time's memo equal rankings that compute every lookup afresh, over switches, probes and
     warm-up, at a batch size where nothing is held; the memo is gone once the decision is made."""
     times = {"plain": 1.0, "decoupled": 1.8}
-    memo, _ = _policy()
+    memo = _auto_policy()
     decisions = _run(memo, times, 600, 4)
     assert memo._memo is None
     lookups = []
@@ -110,7 +94,7 @@ def test_memoized_step_times_change_no_decision(monkeypatch):
         return SpeculationPolicy._step_time(self, mode, bucket)
 
     monkeypatch.setattr(SpeculationPolicy, "step_time", fresh)
-    plain, _ = _policy()
+    plain = _auto_policy()
     assert _run(plain, times, 600, 4) == decisions
     assert len({d.split(":")[0] for d in decisions}) >= 2 and any(d.endswith(":probe") for d in decisions)
     assert any(m is not None for m in lookups)  # the memo was active while ranking
