@@ -44,6 +44,20 @@ def _collect_dropped_engines():
         _rss_after_collect[0] = _rss_mib()
 
 
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """Every test leaves torch's intra-op thread count as it found it. Code under test may set it for its
+    process (a Serve replica's ``cluster.server.build_engine``, a ``TPWorker``, a benchmark's
+    ``--cpu-threads``); run in this process, that lasted for every later test: from
+    tests/engine/test_gc_heap.py on, about half of the suite ran on one thread of the two (session 46: the
+    whole suite 3,256 s on a 2-core AMD EPYC; ``tests/spec/test_exact_all_methods.py``'s DFlash case 55 s in
+    the suite against 36-42 s alone)."""
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Under pytest-xdist, ``slow`` modules first (a stable sort): both workers start on the longest files and
     # the run ends on short ones, not on one long file with the other worker idle.
