@@ -22,6 +22,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     os.environ["OMP_NUM_THREADS"] = str(_threads)
     torch.set_num_threads(_threads)
+RUN_THREADS = torch.get_num_threads()  # this process's intra-op threads for the run (``_keep_torch_threads``)
 
 
 def _rss_mib() -> int:
