@@ -153,9 +153,8 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
     forced_full_drafts: bool = False  # warm-up profile: steps keep every draft allowed (verify_all_drafts)
     profile: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (mode, bucket) -> seconds
     num_decisions: int = 0  # auto decisions of every bucket: the clock of step-time staleness
-    num_rankings: int = (
-        0  # of them, those that ranked the options (not held; bench.policy_replay prices them)
-    )
+    # of them, those that ranked the options (not held; bench.policy_replay prices them)
+    num_rankings: int = 0
     # bucket -> moving share of its decisions in which prompts join the batch (see ``mean_step_time``)
     join_share: dict[int, float] = field(default_factory=dict)
     # decisions run before every step: what they look up is cached (host time of a host-bound b=64 step counts)

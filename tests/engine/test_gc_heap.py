@@ -6,8 +6,6 @@ from __future__ import annotations
 import gc
 import weakref
 
-import torch
-
 from configs import EngineConfig, SamplingParams
 from flexspec.engine.gc_heap import freeze_long_lived, release_frozen
 from flexspec.engine.llm_engine import LLMEngine
@@ -74,8 +72,7 @@ def test_tp_worker_freezes_its_shard(tiny_target):  # noqa: F811
     from actors.tp_worker import TPWorker
 
     release_frozen()
-    # keep this process's thread count (outside Ray the worker would set it to 1 for the rest of the tests)
-    worker = TPWorker(rank=0, world_size=1, num_threads=torch.get_num_threads())
+    worker = TPWorker(rank=0, world_size=1)  # sets 1 thread outside Ray (tests/conftest.py restores it)
     try:
         worker.load_model(EngineConfig(model=str(tiny_target), device="cpu", max_model_len=128))
         assert gc.get_freeze_count() > 0 and id(worker.runner) not in {id(o) for o in gc.get_objects()}
