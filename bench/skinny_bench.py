@@ -3,12 +3,14 @@
     python -m bench.skinny_bench --output skinny.json [--rows 1,2,4,8,16] [--sweep [--sweep-rows 1,4,16]]
 
 For each GEMM of a decoder layer of the default model (hidden 576, intermediate 1536, 9 / 3 heads of 64) and
-each row count: the time per call of the fused op (and of each form, ``gemv`` and ``dot``) and of the unfused
-sequence (Triton RMSNorm / activation / residual add + cuBLAS ``F.linear``), each measured as a CUDA graph of
-``--repeat`` back-to-back calls (what a decode step replays; launched from Python, overhead would dominate a
-~2 us kernel). Each call reuses one weight (1-3.5 MB, L2-resident after the first call), so this is an upper
-bound of the fused gain: the engine's start-up measurement (``LlamaForCausalLM.tune_skinny``) reads every
-layer's weights from HBM. ``--sweep`` also times other tile configurations (block_n, block_k, num_warps).
+each row count: the time per call of the fused op (and of each form: ``gemv``, ``dot`` and the opt-in split-K
+``splitk``, with its error) and of the unfused sequence (Triton RMSNorm / activation / residual add + cuBLAS
+``F.linear``), each measured as a CUDA graph of ``--repeat`` back-to-back calls (what a decode step replays;
+launched from Python, overhead would dominate a ~2 us kernel). Each call reuses one weight (1-3.5 MB,
+L2-resident after the first call), so this is an upper bound of the fused gain: the engine's start-up
+measurement (``LlamaForCausalLM.tune_skinny``) reads every layer's weights from HBM. ``--sweep`` also times
+other tile configurations (block_n, block_k, num_warps; for ``splitk``, block_k is the K per program:
+cdiv(K, block_k) programs per feature tile).
 JSON out, with the machine.
 """
 
@@ -65,19 +67,24 @@ def measure(name: str, n: int, k: int, fusion: str, m: int, repeat: int, sweep: 
 
     # correctness against the unfused ops (a fresh residual copy: the fused op adds in place)
     want = (res + F.linear(x, w)) if fusion == "residual" else unfused()
-    got = skinny_linear_triton(
-        x, w, eps=1e-5, **kw, **({"residual": res.clone()} if fusion == "residual" else {})
-    )
-    err = ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-6)).item()
+
+    def rel_err(**cfg) -> float:
+        extra = {"residual": res.clone()} if fusion == "residual" else {}
+        got = skinny_linear_triton(x, w, eps=1e-5, **kw, **extra, **cfg)
+        return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-6)).item()
+
+    err = rel_err()
     point = {"gemm": name, "rows": m, "n": n, "k": k, "max_rel_err": err,
              "unfused_us": graph_time_us(unfused, repeat), "fused_us": graph_time_us(fused(), repeat)}  # fmt: skip
     point["speedup"] = point["unfused_us"] / point["fused_us"]
-    for variant in ("gemv", "dot"):
+    for variant in ("gemv", "dot", "splitk"):
         point[f"{variant}_us"] = graph_time_us(fused(variant=variant), repeat)
+    point["splitk_max_rel_err"] = rel_err(variant="splitk")  # fp32 atomics, summed in arrival order
     if sweep:
         times = {}
         configs = [("gemv", bn, 0, w) for bn in (4, 8, 16) for w in (2, 4, 8)] if m <= 8 else []
         configs += [("dot", bn, bk, w) for bn in (16, 32) for bk in (64, 128, 256) for w in (2, 4)]
+        configs += [("splitk", bn, bk, w) for bn in (16, 32) for bk in (32, 64, 128) for w in (1, 2, 4)]
         for variant, bn, bk, nwarps in configs:
             key = f"{variant}_bn{bn}_bk{bk}_w{nwarps}"
             cfg = {"variant": variant, "block_n": bn, "num_warps": nwarps, **({"block_k": bk} if bk else {})}

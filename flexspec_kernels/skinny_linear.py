@@ -86,6 +86,40 @@ def _dot(a, b, DOT: tl.constexpr):
     return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
 
 
+@triton.jit
+def _dot_epilogue(
+    acc, acc_up, rm, rn, m_mask, n_mask, b_ptr, res_ptr, out_ptr, cap_ptr, cache_ptr, slot_ptr,
+    res_stride, out_stride, cap_stride, cache_stride, cache_col, scratch_row,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, RESIDUAL: tl.constexpr, CAPTURE: tl.constexpr,
+):  # fmt: skip
+    """The tiled forms' epilogue (dot, split-K) on the fp32 sums ``acc`` [BLOCK_M, BLOCK_N] (``acc_up``: the
+    up half with ACT >= 0) of rows ``rm`` and features ``rn``: bias, rounding to the output dtype, activation,
+    residual add in place, the stores and the capture."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    dtype = out_ptr.dtype.element_ty
+    y = acc.to(dtype)
+    if ACT >= 0:
+        a = act_fn(y.to(tl.float32), ACT).to(dtype).to(tl.float32)
+        y = (a * acc_up.to(dtype).to(tl.float32)).to(dtype)
+    mask = m_mask[:, None] & n_mask[None, :]
+    if RESIDUAL:
+        r_ptrs = res_ptr + rm[:, None].to(tl.int64) * res_stride + rn[None, :]
+        r = tl.load(r_ptrs, mask=mask, other=0.0)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + rm[:, None].to(tl.int64) * out_stride + rn[None, :], y, mask=mask)
+    if CAPTURE > 0:
+        tl.store(cap_ptr + rm[:, None].to(tl.int64) * cap_stride + rn[None, :], y, mask=mask)
+    if CAPTURE == 2:
+        slots = tl.load(slot_ptr + rm, mask=m_mask, other=-1)
+        rows = tl.where(slots >= 0, slots, scratch_row)
+        tl.store(
+            cache_ptr + rows[:, None] * cache_stride + cache_col + rn[None, :],
+            y.to(cache_ptr.dtype.element_ty),
+            mask=mask,
+        )
+
+
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count
 def _skinny_linear_kernel(
     x_ptr,  # [M, K]
@@ -145,8 +179,7 @@ def _skinny_linear_kernel(
             sum_sq += tl.sum(xf * xf, axis=1)
         rstd = 1.0 / tl.sqrt(sum_sq / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if ACT >= 0:
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # the up half (ACT >= 0; unused otherwise)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         k_mask = kk < K
@@ -169,29 +202,11 @@ def _skinny_linear_kernel(
                     w_rows + N * w_stride + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
                 )
             acc_up += _dot(xv, tl.trans(wu), DOT)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    dtype = out_ptr.dtype.element_ty
-    y = acc.to(dtype)
-    if ACT >= 0:
-        a = act_fn(y.to(tl.float32), ACT).to(dtype).to(tl.float32)
-        y = (a * acc_up.to(dtype).to(tl.float32)).to(dtype)
-    mask = m_mask[:, None] & n_mask[None, :]
-    if RESIDUAL:
-        r_ptrs = res_ptr + rm[:, None].to(tl.int64) * res_stride + rn[None, :]
-        r = tl.load(r_ptrs, mask=mask, other=0.0)
-        y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
-    tl.store(out_ptr + rm[:, None].to(tl.int64) * out_stride + rn[None, :], y, mask=mask)
-    if CAPTURE > 0:
-        tl.store(cap_ptr + rm[:, None].to(tl.int64) * cap_stride + rn[None, :], y, mask=mask)
-    if CAPTURE == 2:
-        slots = tl.load(slot_ptr + rm, mask=m_mask, other=-1)
-        rows = tl.where(slots >= 0, slots, scratch_row)
-        tl.store(
-            cache_ptr + rows[:, None] * cache_stride + cache_col + rn[None, :],
-            y.to(cache_ptr.dtype.element_ty),
-            mask=mask,
-        )
+    _dot_epilogue(
+        acc, acc_up, rm, rn, m_mask, n_mask, b_ptr, res_ptr, out_ptr, cap_ptr, cache_ptr, slot_ptr,
+        res_stride, out_stride, cap_stride, cache_stride, cache_col, scratch_row,
+        HAS_BIAS, ACT, RESIDUAL, CAPTURE,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -299,17 +314,25 @@ def skinny_linear_triton(
     num_warps: int = 4,
     variant: str | None = None,
     preload: bool | None = None,
+    split_k: int | None = None,
 ) -> torch.Tensor:
     """Triton launcher of :func:`skinny_linear`. ``variant``: ``"gemv"`` (whole-K weight tile in registers,
-    rows looped; the default for <= ``GEMV_MAX_ROWS`` rows, ``GEMV_MAX_ROWS_PDL`` with PDL), ``"dot"`` (tensor-core tiles over K); ``block_n``
-    / ``block_k`` / ``num_warps`` for tuning (``block_k`` is K itself, padded, in the gemv form). ``preload``
-    (dot form): one K step whose weight slice is loaded before the PDL wait; default: with PDL, for 16-bit
-    weights whose slice fits ``DOT_PRELOAD_MAX_BYTES``, and :func:`dot_preload`."""
+    rows looped; the default for <= ``GEMV_MAX_ROWS`` rows, ``GEMV_MAX_ROWS_PDL`` with PDL), ``"dot"``
+    (tensor-core tiles over K), ``"splitk"`` (opt-in, never the default: K split over ``split_k`` programs
+    per tile of features, reduced in a workspace, ``flexspec_kernels.skinny_splitk``); ``block_n`` /
+    ``block_k`` / ``num_warps`` for tuning (``block_k`` is K itself, padded, in the gemv form; K per program
+    in the split-K form). ``preload`` (dot form): one K step whose weight slice is loaded before the PDL
+    wait; default: with PDL, for 16-bit weights whose slice fits ``DOT_PRELOAD_MAX_BYTES``, and
+    :func:`dot_preload`."""
     n = _check_args(x, weight, bias, norm_weight, residual, activation)
     _check_capture(capture, x, n, activation)
     m, k = x.shape
     if m > MAX_ROWS:
         raise ValueError(f"skinny_linear_triton handles at most {MAX_ROWS} rows, got {m}")
+    if variant not in (None, "gemv", "dot", "splitk"):
+        raise ValueError(f"variant must be 'gemv', 'dot', 'splitk' or None, got {variant!r}")
+    if split_k is not None and variant != "splitk":
+        raise ValueError("split_k applies to variant='splitk' only")
     if x.stride(1) != 1:
         x = x.contiguous()
     if weight.stride(1) != 1:
@@ -331,8 +354,25 @@ def skinny_linear_triton(
     cap_out, cache, col, slots = capture if capture is not None else (dummy, None, 0, None)
     cap_mode = 0 if capture is None else (1 if cache is None else 2)
     cache, slots = (cache, slots) if cache is not None else (dummy, dummy)
-    cap_args = (cap_out, cache, slots)
-    cap_strides = (cap_out.stride(0), cache.stride(0), col, cache.shape[0] - 1)
+    # the kernels' common arguments: pointers, then (after the sizes) strides, then the fusion switches
+    ptrs = (
+        x, weight,
+        bias if bias is not None else dummy,
+        norm_weight if norm_weight is not None else dummy,
+        residual if residual is not None else dummy,
+        out, cap_out, cache, slots,
+    )  # fmt: skip
+    strides = (
+        x.stride(0), weight.stride(0), out.stride(0), out.stride(0),
+        cap_out.stride(0), cache.stride(0), col, cache.shape[0] - 1, float(eps),
+    )  # fmt: skip
+    flags = {
+        "HAS_BIAS": bias is not None,
+        "NORM": 0 if norm_weight is None else (2 if norm_offset else 1),
+        "ACT": -1 if activation is None else ACTIVATIONS.index(activation),
+        "RESIDUAL": residual is not None,
+        "CAPTURE": cap_mode,
+    }
     pdl = pdl_launch(x)
     if variant is None:
         variant = "gemv" if m <= (GEMV_MAX_ROWS_PDL if pdl else GEMV_MAX_ROWS) and k <= GEMV_MAX_K else "dot"
@@ -340,25 +380,19 @@ def skinny_linear_triton(
         bk = triton.next_power_of_2(k)
         bn = block_n or max(2, min(64, GEMV_TILE // bk // (2 if activation else 1)))
         _skinny_gemv_kernel[(triton.cdiv(n, bn),)](
-            x, weight,
-            bias if bias is not None else dummy,
-            norm_weight if norm_weight is not None else dummy,
-            residual if residual is not None else dummy,
-            out, *cap_args,
-            n, k,
-            x.stride(0), weight.stride(0), out.stride(0), out.stride(0), *cap_strides,
-            float(eps),
-            HAS_BIAS=bias is not None,
-            NORM=0 if norm_weight is None else (2 if norm_offset else 1),
-            ACT=-1 if activation is None else ACTIVATIONS.index(activation),
-            RESIDUAL=residual is not None,
-            CAPTURE=cap_mode,
+            *ptrs, n, k, *strides, **flags,
             ROWS=m, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl,
             num_warps=num_warps, **launch_options(pdl),
         )  # fmt: skip
         return out
-    if variant != "dot":
-        raise ValueError(f"variant must be 'gemv', 'dot' or None, got {variant!r}")
+    if variant == "splitk":
+        from .skinny_splitk import launch_splitk  # (that module imports this one's helpers)
+
+        launch_splitk(
+            ptrs, (m, n, k), strides, flags, DOT=_dot_mode(x),
+            block_n=block_n, block_k=block_k, split_k=split_k, num_warps=num_warps, pdl=pdl,
+        )  # fmt: skip
+        return out
     bn = block_n or _block_n(n)
     if preload is None:  # 16-bit weight slices (both halves with an activation) of at most the limit
         slice_bytes = triton.next_power_of_2(k) * bn * (2 if activation else 1) * 2
@@ -367,19 +401,7 @@ def skinny_linear_triton(
         )
     bk = triton.next_power_of_2(k) if preload else (block_k or (128 if k >= 1024 else 64))
     _skinny_linear_kernel[(triton.cdiv(n, bn),)](
-        x, weight,
-        bias if bias is not None else dummy,
-        norm_weight if norm_weight is not None else dummy,
-        residual if residual is not None else dummy,
-        out, *cap_args,
-        m, n, k,
-        x.stride(0), weight.stride(0), out.stride(0), out.stride(0), *cap_strides,
-        float(eps),
-        HAS_BIAS=bias is not None,
-        NORM=0 if norm_weight is None else (2 if norm_offset else 1),
-        ACT=-1 if activation is None else ACTIVATIONS.index(activation),
-        RESIDUAL=residual is not None,
-        CAPTURE=cap_mode,
+        *ptrs, m, n, k, *strides, **flags,
         DOT=_dot_mode(x),
         BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, PRELOAD=preload,
         num_warps=num_warps, **launch_options(pdl),

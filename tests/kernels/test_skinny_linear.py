@@ -66,7 +66,7 @@ def test_preloading_dot_form_matches_reference(case, n, k, rows, dtype, device):
     _check_case(case, n, k, rows, "dot", dtype, device, preload=True)
 
 
-def _check_case(case, n, k, rows, variant, dtype, device, preload=None):
+def _check_case(case, n, k, rows, variant, dtype, device, preload=None, **launch):
     c = CASES[case]
     g = torch.Generator().manual_seed(rows * 1000 + n)
     x = (torch.randn(rows, k, generator=g) * 2).to(device, dtype)
@@ -80,7 +80,7 @@ def _check_case(case, n, k, rows, variant, dtype, device, preload=None):
     want = _brute(x.cpu(), w.cpu(), None if b is None else b.cpu(), None if nw is None else nw.cpu(), 1e-6,
                   c.get("offset", False), c.get("act"), None if res is None else res.cpu())  # fmt: skip
     ref = skinny_linear_ref(x, w, b, residual=res_ref, **kw)
-    got = skinny_linear_triton(x, w, b, residual=res, variant=variant, preload=preload, **kw)
+    got = skinny_linear_triton(x, w, b, residual=res, variant=variant, preload=preload, **launch, **kw)
     assert got.shape == (rows, out_n) and got.dtype == dtype
     if res is not None:
         assert got.data_ptr() == res.data_ptr() and ref.data_ptr() == res_ref.data_ptr()  # in place
@@ -124,7 +124,7 @@ def test_skinny_linear_errors(device):
         skinny_linear_triton(torch.randn(MAX_ROWS + 1, 32, device=device), w)
 
 
-@pytest.mark.parametrize("variant", ["gemv", "dot"])
+@pytest.mark.parametrize("variant", ["gemv", "dot", "splitk"])
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("with_cache", [True, False])
 def test_skinny_linear_capture(variant, rows, with_cache, device):
