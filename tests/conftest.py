@@ -59,7 +59,18 @@ def _keep_torch_threads():
         torch.set_num_threads(before)
 
 
+# Packages whose tests run a local Ray cluster, Serve apps, HTTP servers or Prometheus: ``serial`` (README's test
+# command runs them after the two-worker part, in one process, as before): two workers would start two Ray
+# clusters side by side, and their deadlines and start-up waits were tuned with both cores free.
+SERIAL_PACKAGES = ("actors", "cluster", "ops", "reliability")
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = os.path.relpath(str(item.path), _TESTS_DIR)
+        if rel.split(os.sep, 1)[0] in SERIAL_PACKAGES and item.get_closest_marker("serial") is None:
+            item.add_marker(pytest.mark.serial)
     # Under pytest-xdist, ``slow`` modules first (a stable sort): both workers start on the longest files and
     # the run ends on short ones, not on one long file with the other worker idle.
     if os.environ.get("PYTEST_XDIST_WORKER"):
