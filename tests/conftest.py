@@ -59,17 +59,25 @@ def _keep_torch_threads():
         torch.set_num_threads(before)
 
 
-# Packages whose tests run a local Ray cluster, Serve apps, HTTP servers or Prometheus: ``serial`` (README's test
-# command runs them after the two-worker part, in one process, as before): two workers would start two Ray
-# clusters side by side, and their deadlines and start-up waits were tuned with both cores free.
-SERIAL_PACKAGES = ("actors", "cluster", "ops", "reliability")
+# ``serial`` tests (README's test command runs them after the two-worker part, in one process, as the whole suite
+# used to run): those on the local Ray cluster (``ray_session``, also through the Serve / server fixtures built on
+# it) and these modules, which start Ray and Serve in a subprocess (``flexspec serve``, scripts/demo.sh). Two workers
+# would start two Ray clusters side by side, and these tests' deadlines and start-up waits were set with both
+# cores free. The rest of their packages (config and CLI errors raised before Ray starts, Helm chart, dashboards)
+# runs in the parallel part.
+SERIAL_MODULES = ("cluster/test_demo.py", "cluster/test_flexspec_serve_cli.py")
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _is_serial(item: pytest.Item) -> bool:
+    if item.get_closest_marker("serial") is not None or "ray_session" in getattr(item, "fixturenames", ()):
+        return True
+    return os.path.relpath(str(item.path), _TESTS_DIR).replace(os.sep, "/") in SERIAL_MODULES
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        rel = os.path.relpath(str(item.path), _TESTS_DIR)
-        if rel.split(os.sep, 1)[0] in SERIAL_PACKAGES and item.get_closest_marker("serial") is None:
+        if item.get_closest_marker("serial") is None and _is_serial(item):
             item.add_marker(pytest.mark.serial)
     # Under pytest-xdist, ``slow`` modules first (a stable sort): both workers start on the longest files and
     # the run ends on short ones, not on one long file with the other worker idle.
