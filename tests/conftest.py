@@ -59,25 +59,20 @@ def _keep_torch_threads():
         torch.set_num_threads(before)
 
 
-# ``serial`` tests (README's test command runs them after the two-worker part, in one process, as the whole suite
-# used to run): those on the local Ray cluster (``ray_session``, also through the Serve / server fixtures built on
-# it) and these modules, which start Ray and Serve in a subprocess (``flexspec serve``, scripts/demo.sh). Two workers
-# would start two Ray clusters side by side, and these tests' deadlines and start-up waits were set with both
-# cores free. The rest of their packages (config and CLI errors raised before Ray starts, Helm chart, dashboards)
-# runs in the parallel part.
-SERIAL_MODULES = ("cluster/test_demo.py", "cluster/test_flexspec_serve_cli.py")
+# Packages whose tests run a local Ray cluster, Serve apps, HTTP servers, Prometheus or the CLI in subprocesses:
+# ``serial`` (README's test command runs them after the two-worker part, in one process, as the whole suite used to
+# run). Two workers would start two Ray clusters side by side, and these tests' deadlines and start-up waits were
+# set with both cores free. Session 47 (2-core AMD EPYC, one run each): with these whole packages serial the suite
+# took 1,206 + 791 s; with only the tests on the Ray cluster and the two modules starting Ray in a subprocess
+# (148 tests), 1,401 + 727 s.
+SERIAL_PACKAGES = ("actors", "cluster", "ops", "reliability")
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def _is_serial(item: pytest.Item) -> bool:
-    if item.get_closest_marker("serial") is not None or "ray_session" in getattr(item, "fixturenames", ()):
-        return True
-    return os.path.relpath(str(item.path), _TESTS_DIR).replace(os.sep, "/") in SERIAL_MODULES
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("serial") is None and _is_serial(item):
+        rel = os.path.relpath(str(item.path), _TESTS_DIR)
+        if rel.split(os.sep, 1)[0] in SERIAL_PACKAGES and item.get_closest_marker("serial") is None:
             item.add_marker(pytest.mark.serial)
     # Under pytest-xdist, ``slow`` modules first (a stable sort): both workers start on the longest files and
     # the run ends on short ones, not on one long file with the other worker idle.
