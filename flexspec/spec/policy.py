@@ -205,10 +205,11 @@ class SpeculationPolicy(MALEstimates, ProbeChoice):
                     return self._decision(mode, "warmup")
             self._warmed = True
         held, self._held = self._held, None
+        across = held is not None and held[1] == "plain" and tuning.HOLD_PLAIN_ACROSS_JOINS
         if (
             held is not None
-            and held[0] == num_seqs
-            and not sched.num_prefills
+            and (held[0] == num_seqs or (across and batch_bucket(held[0]) == bucket))
+            and (not sched.num_prefills or across)
             and count < held[2]
             and self.last_modes[-1:] == [held[1]]
         ):  # a decisive best option of a recent decision, same requests, no probe due: not ranked again

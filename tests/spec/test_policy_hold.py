@@ -7,6 +7,8 @@ once (``SpeculationPolicy.step_time``'s memo), which changes no decision."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from flexspec.engine.scheduler import SchedulerOutput
@@ -53,7 +55,8 @@ def test_held_decisions_equal_ranked_ones_and_probes_come_on_time(monkeypatch, n
     assert held.num_rankings < ranked.num_rankings / 4, (held.num_rankings, ranked.num_rankings)
 
 
-def test_a_joining_prompt_or_another_batch_size_ranks_again():
+def test_a_joining_prompt_or_another_batch_size_ranks_again(monkeypatch):
+    monkeypatch.setattr(policy_tuning, "HOLD_PLAIN_ACROSS_JOINS", False)
     pol = _auto_policy()
     times = {"plain": 1.0, "decoupled": 2.5}
     _run(pol, times, 200, 32)
@@ -66,6 +69,26 @@ def test_a_joining_prompt_or_another_batch_size_ranks_again():
         counts.append(pol.num_rankings)
     # ranked: a prompt joins, the batch size changes, a prompt joins; held: the same batch again
     assert [b - a for a, b in zip([counts[0] - 1, *counts], counts)] == [1, 0, 1, 0, 1, 0]
+
+
+def test_held_plain_decisions_hold_across_joins_within_the_bucket_when_asked(monkeypatch):
+    """``HOLD_PLAIN_ACROSS_JOINS``: a held plain decision is reused when prompts join and while the batch size stays
+    in its bucket (31 and 32: bucket 32); another bucket (16) ranks again. The flag off: see the test above."""
+    monkeypatch.setattr(policy_tuning, "HOLD_PLAIN_ACROSS_JOINS", True)
+    pol = _auto_policy()
+    times = {"plain": 1.0, "decoupled": 2.5}
+    _run(pol, times, 200, 32)
+    ranked_last = False  # until a ranking has just chosen plain and set a fresh hold (7 more decisions)
+    while not ranked_last or pol.probe is not None or pol.last_modes[-1] != "plain" or pol._held is None:
+        before = pol.num_rankings
+        _run(pol, times, 1, 32)
+        ranked_last = pol.num_rankings > before
+    counts = [pol.num_rankings]
+    for n, joins in [(32, 1), (32, 0), (31, 1), (31, 0), (16, 1), (16, 0)]:
+        assert pol.decide(_sched(n, prefills=joins)).option == "plain"
+        pol.observe("plain", n, 1.0, None)
+        counts.append(pol.num_rankings)
+    assert [b - a for a, b in itertools.pairwise(counts)] == [0, 0, 0, 0, 1, 0]
 
 
 @pytest.mark.parametrize(
