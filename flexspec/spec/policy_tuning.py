@@ -35,9 +35,10 @@ HOLD_STEPS = 8
 HOLD_MARGIN = 1.1
 HOLD_FROM = 16
 HOLD_PLAIN_FROM = 1
-# A held plain decision also holds across steps in which prompts join and while the batch stays in its bucket
-# (session 47, for replays and device A/Bs; off: session 45's replay of holding every decision across joins, no
-# ranking cost priced, was 0.1% lower at b = 16-64).
+# A held plain decision also holds across steps in which prompts join and while the batch stays in its bucket.
+# bench.policy_replay, b = 16-64, 4 seeds x 3 datasets (bench/results/cpu-2026-12-07-s47/): mean auto / best
+# 0.9805 -> 0.9788 as decisions alone, 0.9571 -> 0.9612 with each ranking priced at 0.07 ms of host time (b=64
+# HumanEval / MT-Bench +1.7%). Off until a device A/B.
 HOLD_PLAIN_ACROSS_JOINS = False
 PLAUSIBLE = 0.85  # options whose expected rate is at least this share of the best are worth measuring
 PROBE_WITHIN = 0.5  # the runner-up is re-measured while its estimate is at least this share of the best
