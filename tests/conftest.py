@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -67,6 +68,18 @@ def _keep_torch_threads():
 # (148 tests), 1,401 + 727 s.
 SERIAL_PACKAGES = ("actors", "cluster", "ops", "reliability")
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.hookimpl(trylast=True)  # after the plugins have registered their markers
+def pytest_configure(config: pytest.Config) -> None:
+    """A ``-m`` expression naming a marker that is not registered (pyproject.toml) is a usage error: a typo such
+    as ``-m serail`` would otherwise deselect every test, and the run would end with "no tests ran"."""
+    expr = config.getoption("markexpr", "") or ""
+    registered = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+    unknown = sorted(set(re.findall(r"[A-Za-z_]\w*", expr)) - {"and", "or", "not"} - registered)
+    if unknown:
+        raise pytest.UsageError(f"-m {expr!r}: unknown marker(s) {', '.join(unknown)}; registered: "
+                                f"{', '.join(sorted(registered))}")  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
